@@ -1,0 +1,23 @@
+"""admission — shared admission for LLM agent rounds, on Redis.
+
+The public surface (everything else is internal):
+"""
+from .classify import outcome_of
+from .client import Admission, Round
+from .codes import ADMIT_REASONS, REFUSE_REASONS, UNAVAILABLE, Status
+from .core import Decision, Released, Seat
+from .errors import (AdmissionError, BadArgument, BadName, NoPolicy, NotYourSeat, PolicyError,
+                     StaleVersion, Unavailable, UnknownLane, UnknownPool, UnknownSeat, WaitTimeout)
+from .urgency import urgency
+
+try:  # asyncio client (same core)
+    from .aio import AsyncAdmission
+except ImportError:  # pragma: no cover - until aio lands
+    pass
+
+__all__ = [
+    "Admission", "AsyncAdmission", "Round", "Decision", "Seat", "Released", "Status",
+    "ADMIT_REASONS", "REFUSE_REASONS", "UNAVAILABLE", "urgency", "outcome_of",
+    "AdmissionError", "BadArgument", "BadName", "UnknownLane", "UnknownPool", "UnknownSeat",
+    "NotYourSeat", "NoPolicy", "PolicyError", "StaleVersion", "WaitTimeout", "Unavailable",
+]

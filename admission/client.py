@@ -1,0 +1,292 @@
+"""The synchronous client every pod's worker calls (see ``aio.py`` for asyncio).
+
+    adm = Admission.from_url("redis://127.0.0.1:6379/0", mesh="prod", pod="pod-a")
+    with adm.round(lane="reviews", model="sonnet@anthropic", round_id="thr-1/r2") as r:
+        ...   # waits when refused, heartbeats, releases on exit
+
+Every decision is one Lua script; this class builds arguments (core.Core), keeps the pod's
+leases alive and wakes its waiters.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import redis
+import structlog
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from . import policy as policy_mod
+from .classify import outcome_of
+from .core import UNREACHABLE, Call, Core, Decision, Released, Seat, Tick
+from .errors import Unavailable, WaitTimeout
+from .scripts import register
+from .waiting import Book
+
+log = structlog.get_logger("admission")
+
+#: Fail fast: a decision under an unreachable Redis is a shed within about this long.
+CONNECT_TIMEOUT = 0.25
+SOCKET_TIMEOUT = 0.5
+
+
+def fail_fast_options(connect_timeout: float = CONNECT_TIMEOUT, socket_timeout: float = SOCKET_TIMEOUT) -> dict:
+    """redis-py options that bound a dead server to a fraction of a second (one quick retry,
+    so a connection broken by a restart reconnects once)."""
+    return dict(socket_connect_timeout=connect_timeout, socket_timeout=socket_timeout,
+                retry=Retry(NoBackoff(), 1), health_check_interval=0)
+
+
+def policy_of(policy: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+    return policy_mod.load(policy) if isinstance(policy, (str, Path)) else policy_mod.validate(policy)
+
+
+class Round:
+    """What ``Admission.round`` yields: the seat, and what the round will report on exit."""
+
+    def __init__(self, adm: "Admission", decision: Decision):
+        self.decision = decision
+        self.seat: Seat = decision.seat  # type: ignore[assignment]
+        self.pool = decision.pool
+        self.outcome: str | None = None  # set to override the outcome reported on exit
+        self.cost_usd: float | None = None  # set to the round's price
+        self._adm = adm
+
+    def report(self, signal: str) -> Released:
+        return self._adm.report(self.seat, signal=signal)
+
+
+class Admission:
+    """One pod's handle on one mesh."""
+
+    def __init__(self, client: redis.Redis, *, mesh: str, pod: str, background: bool = True,
+                 seed: int | None = None):
+        self.redis = client
+        self.core = Core(mesh, pod, seed)
+        self.mesh, self.pod = mesh, pod
+        self.background = background
+        self._scripts = register(client)
+        self._book = Book()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._tunables: dict[str, float] = dict((k, v[0]) for k, v in policy_mod.TUNABLES.items())
+        self._tunables_version = -1
+
+    @classmethod
+    def from_url(cls, url: str, *, mesh: str, pod: str, **kwargs: Any) -> "Admission":
+        client = redis.Redis.from_url(url, **fail_fast_options())
+        return cls(client, mesh=mesh, pod=pod, **kwargs)
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _exec(self, call: Call):
+        try:
+            reply = self._scripts[call.script](keys=call.keys, args=call.args)
+        except redis.ResponseError as exc:
+            raise Core.translate(exc) from None
+        return call.decode(reply)
+
+    def _exec_or_raise(self, call: Call):
+        try:
+            return self._exec(call)
+        except UNREACHABLE as exc:
+            raise Unavailable(f"admission unavailable: {exc}") from exc
+
+    # -- policy --------------------------------------------------------------------------------
+    def apply_policy(self, policy: str | Path | Mapping[str, Any], expected_version: int | None = None) -> int:
+        """Validate and apply a policy (a TOML path or its dict form); returns the new version."""
+        version = self._exec_or_raise(self.core.apply(policy_of(policy), expected_version))
+        log.info("policy_applied", mesh=self.mesh, version=version)
+        return version
+
+    def policy(self) -> dict[str, Any]:
+        version, raw = self.redis.hmget(self.core.config_key, "version", "policy")
+        return {"version": int(version or 0), **(json.loads(raw) if raw else {})}
+
+    def tunables(self) -> dict[str, float]:
+        """The live tunables (re-read when the policy version changes)."""
+        version, raw = self.redis.hmget(self.core.config_key, "version", "tunables")
+        if raw and int(version) != self._tunables_version:
+            self._tunables, self._tunables_version = json.loads(raw), int(version)
+        return self._tunables
+
+    # -- one round -----------------------------------------------------------------------------
+    def try_admit(self, *, lane: str, model: str, round_id: str, agent: str | None = None,
+                  now: float | None = None, draw: float | None = None, wait: bool = False,
+                  parent: str | None = None, revision: str | None = None) -> Decision:
+        """Ask once. ``wait=True`` leaves a waiter ticket when refused (renewed by this pod's
+        heartbeat). An unreachable Redis gives a refusal with reason ``admission-unavailable``."""
+        call = self.core.admit(lane=lane, model=model, round_id=round_id, agent=agent, now=now, draw=draw,
+                               wait=wait, parent=parent, revision=revision)
+        try:
+            d = self._exec(call)
+        except UNREACHABLE as exc:
+            log.warning("admission_unavailable", round=round_id, error=str(exc))
+            return self.core.unavailable(lane=lane, model=model, round_id=round_id)
+        with self._cond:
+            if d.admitted:
+                self._book.hold(d.seat)
+                self._book.dequeue(lane, d.pool, round_id)
+            elif wait:
+                self._book.enqueue(lane, d.pool, round_id)
+        if self.background and (d.admitted or wait):
+            self._ensure_clock()
+        return d
+
+    def report(self, seat: Seat, *, signal: str, now: float | None = None) -> Released:
+        """A load signal in the middle of a round (stall, round cap, 429); the seat stays."""
+        return self._exec_or_raise(self.core.report(seat, signal=signal, now=now))
+
+    def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
+                cost_usd: float | None = None, now: float | None = None) -> Released:
+        """End a round: free the seat, count the outcome. Safe to retry after a lost reply."""
+        r = self._exec_or_raise(self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now))
+        with self._cond:
+            self._book.drop(seat.id)
+        return r
+
+    def admit_waiting(self, *, lane: str, model: str, round_id: str, timeout: float = 600.0,
+                      agent: str | None = None, parent: str | None = None, revision: str | None = None) -> Decision:
+        """Ask, and when refused wait as a waiter until admitted or ``timeout`` (WaitTimeout)."""
+        deadline = time.monotonic() + timeout
+        ask = dict(lane=lane, model=model, round_id=round_id, agent=agent, parent=parent, revision=revision)
+        with self._cond:
+            self._book.enqueue(lane, model, round_id)
+        d = self.try_admit(**ask, wait=True)
+        while not d.admitted:
+            with self._cond:
+                # only the pod's oldest waiter of this lane and pool re-asks: on a release's
+                # wake-up, on the pool clock, or when the waiter before it was admitted
+                while (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(min(left, self._tunables["grow_interval"]))
+                    if self._book.is_oldest(lane, model, round_id):
+                        break
+            if time.monotonic() >= deadline:
+                self._give_up(lane, model, round_id)
+                raise WaitTimeout(f"round {round_id} waited {timeout:g}s for {model} (last refusal: {d.reason})")
+            d = self.try_admit(**ask, wait=True)
+        with self._cond:
+            self._cond.notify_all()  # the next oldest may ask now
+        return d
+
+    def _give_up(self, lane: str, pool: str, round_id: str) -> None:
+        with self._cond:
+            self._book.dequeue(lane, pool, round_id)
+            self._cond.notify_all()
+        try:
+            self._exec(self.core.withdraw(round_id))
+        except UNREACHABLE:
+            pass  # the ticket's lease expires on its own
+
+    @contextlib.contextmanager
+    def round(self, *, lane: str, model: str, round_id: str, timeout: float = 600.0,
+              agent: str | None = None, parent: str | None = None, revision: str | None = None) -> Iterator[Round]:
+        """Wait for a seat, keep it alive, release it on exit with the classified outcome."""
+        d = self.admit_waiting(lane=lane, model=model, round_id=round_id, timeout=timeout,
+                               agent=agent, parent=parent, revision=revision)
+        handle, started = Round(self, d), time.monotonic()
+        try:
+            yield handle
+        except BaseException as exc:
+            self._finish(handle, outcome_of(exc), started)
+            raise
+        else:
+            self._finish(handle, handle.outcome or "clean", started)
+
+    def _finish(self, handle: Round, outcome: str, started: float) -> None:
+        try:
+            self.release(handle.seat, outcome=outcome, seconds=time.monotonic() - started, cost_usd=handle.cost_usd)
+        except Unavailable:
+            with self._cond:
+                self._book.drop(handle.seat.id)  # stop renewing: the lease expires and the counts heal
+            log.warning("release_unavailable", round=handle.seat.id)
+
+    # -- the clock -----------------------------------------------------------------------------
+    def heartbeat(self, now: float | None = None):
+        """Renew every lease this pod holds (one call); the background clock calls it."""
+        with self._cond:
+            seats = [h.seat for h in self._book.seats.values()]
+            tickets = self._book.tickets()
+        hb = self._exec_or_raise(self.core.heartbeat(seats, tickets, now))
+        with self._cond:
+            for seat_id in hb.lost:
+                self._book.drop(seat_id)
+        if hb.lost or hb.reasserted or hb.lost_tickets:
+            log.warning("heartbeat_repair", lost=hb.lost, reasserted=hb.reasserted, lost_tickets=hb.lost_tickets)
+        return hb
+
+    def tick(self, now: float | None = None) -> Tick:
+        """The pool clock: growth steps, bounded sweep, wake-ups. Idempotent across pods."""
+        return self._exec_or_raise(self.core.tick(now))
+
+    def _watchdog(self) -> None:
+        t = self._tunables
+        with self._cond:
+            due = self._book.overdue(t["stall_after"], t["round_cap"])
+        for held, signal in due:
+            log.warning("round_overdue", round=held.seat.id, signal=signal)
+            self.report(held.seat, signal=signal)
+
+    def _ensure_clock(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._clock, name=f"admission-clock-{self.pod}", daemon=True)
+            self._thread.start()
+
+    def _clock(self) -> None:
+        pubsub = None
+        next_beat = next_tick = 0.0
+        while not self._stop.is_set():
+            try:
+                if pubsub is None:
+                    pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+                    pubsub.subscribe(self.core.wake_channel)
+                msg = pubsub.get_message(timeout=0.5)
+                if msg is not None:
+                    with self._cond:
+                        self._cond.notify_all()
+                now = time.monotonic()
+                if now >= next_beat:
+                    t = self.tunables()
+                    self.heartbeat()
+                    self._watchdog()
+                    next_beat = now + t["lease_ttl"] / 3
+                if now >= next_tick:
+                    self.tick()
+                    next_tick = now + self._tunables["grow_interval"]
+                    with self._cond:
+                        self._cond.notify_all()
+            except Exception as exc:  # keep the clock alive through outages
+                log.warning("clock_error", error=repr(exc))
+                pubsub = None
+                self._stop.wait(0.5)
+
+    def close(self) -> None:
+        """Stop the background clock (held seats then expire with their leases)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> "Admission":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- reading -------------------------------------------------------------------------------
+    def census(self, now: float | None = None) -> dict[str, Any]:
+        """Rebuild and return the read model (also stored in the ``census`` key)."""
+        return self._exec_or_raise(self.core.census(now))
+
+    def plan(self, *, lane: str, model: str, wanted: int, now: float | None = None) -> int:
+        """How many of ``wanted`` new rounds of ``lane`` would start now on ``model``; nothing seated."""
+        return sum(self._exec_or_raise(self.core.plan(lane=lane, pools=[model], wanted=wanted, now=now)).values())
+
+    def allowance(self, *, lane: str, now: float | None = None, wanted: int = 10_000) -> int:
+        """What a lane that starts work paces itself by: plan over the lane's pools."""
+        return sum(self._exec_or_raise(self.core.plan(lane=lane, pools=None, wanted=wanted, now=now)).values())

@@ -1,0 +1,45 @@
+"""Reply codes and reason words, mirrored from ``lua/include/codes.lua`` (the one source).
+
+``tests/test_codes.py`` parses the Lua file and asks a live server, so the two cannot drift.
+"""
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Status(IntEnum):
+    """The first element of every script reply."""
+
+    REFUSED = 0
+    ADMITTED = 1
+    RELEASED = 2
+    ALREADY_RELEASED = 3
+    EXPIRED = 4
+    REPORTED = 5
+    ALREADY_REPORTED = 6
+    OK = 7
+
+
+#: Error-reply prefixes (``ERR`` in codes.lua) by their Lua name.
+ERRORS = {
+    "BAD_ARG": "ADM_BAD_ARG",
+    "BAD_NAME": "ADM_BAD_NAME",
+    "UNKNOWN_LANE": "ADM_UNKNOWN_LANE",
+    "UNKNOWN_POOL": "ADM_UNKNOWN_POOL",
+    "UNKNOWN_SEAT": "ADM_UNKNOWN_SEAT",
+    "NOT_YOUR_SEAT": "ADM_NOT_YOUR_SEAT",
+    "NO_CONFIG": "ADM_NO_CONFIG",
+    "BAD_POLICY": "ADM_BAD_POLICY",
+    "STALE_VERSION": "ADM_STALE_VERSION",
+}
+
+#: Why a round was admitted (DESIGN §5): the rule that let it in.
+ADMIT_REASONS = ("within-floor", "overdraft", "borrowed", "same-intent")
+#: Why a round was refused, in the order the checks run; ``full`` is a borrow (or a lane below
+#: its floor on a measured pool) that finds no free slot, so no draw was made.
+REFUSE_REASONS = ("behind-older", "reserved", "fair-share", "full", "draw")
+#: The client's own refusal when Redis cannot be reached (DESIGN §8: absence sheds).
+UNAVAILABLE = "admission-unavailable"
+
+OUTCOMES = ("clean", "rate_limited", "stall", "round_cap", "error")
+LOAD_SIGNALS = ("rate_limited", "stall", "round_cap")

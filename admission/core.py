@@ -1,0 +1,237 @@
+"""The sans-IO core shared by the sync and asyncio clients.
+
+It turns a call into (script, keys, args), decodes the reply, and maps error replies to
+exceptions. It never talks to Redis, and it never decides: the Lua scripts do.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+import redis
+
+from .codes import LOAD_SIGNALS, OUTCOMES, UNAVAILABLE, Status
+from .errors import BadArgument, BadName, from_reply
+
+_MESH = re.compile(r"^[\w.\-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class Seat:
+    """A slot held by an admitted round. Pass it back to ``report`` and ``release``."""
+
+    id: str
+    seq: int
+    pool: str
+    lane: str
+    pod: str
+    admitted_at: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What admission said: ``admitted`` and the rule (``reason``) behind it."""
+
+    admitted: bool
+    reason: str
+    round_id: str
+    lane: str
+    pool: str
+    seat: Seat | None = None
+    estimate: float = 0.0
+    running: int = 0
+    slots: int = 0
+    config_version: int = 0
+
+    def __bool__(self) -> bool:
+        return self.admitted
+
+
+@dataclass(frozen=True)
+class Released:
+    status: Status
+    pool: str
+    decreased: bool
+    estimate: float | None
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    lease_until: float
+    lost: list[str]
+    reasserted: list[str]
+    lost_tickets: list[str]
+
+
+@dataclass(frozen=True)
+class Tick:
+    swept: int
+    grew: dict[str, float]
+    census_refreshed: bool
+
+
+@dataclass(frozen=True)
+class Call:
+    """One script call: which script, its keys and arguments, and how to decode the reply."""
+
+    script: str
+    keys: list[str]
+    args: list[Any]
+    decode: Any = field(repr=False)
+
+
+def _s(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def _now(now: float | None) -> str:
+    if now is None:
+        return ""
+    if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now) or now < 0:
+        raise BadArgument(f"now must be epoch seconds (a finite number >= 0), got {now!r}")
+    return repr(float(now))
+
+
+def _money(cost_usd: float | None) -> str:
+    if cost_usd is None:
+        return ""
+    if isinstance(cost_usd, bool) or not isinstance(cost_usd, (int, float)) or not math.isfinite(cost_usd) or cost_usd < 0:
+        raise BadArgument(f"cost_usd must be a finite number >= 0, got {cost_usd!r}")
+    return str(round(cost_usd * 1_000_000))
+
+
+def _seconds(seconds: float) -> str:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+        raise BadArgument(f"seconds must be a finite number >= 0, got {seconds!r}")
+    return repr(float(seconds))
+
+
+def empty_list(x: Any) -> list:
+    """cjson encodes an empty array as {} on some engines: read it as []."""
+    return x if isinstance(x, list) else []
+
+
+def decode_census(raw: Any) -> dict[str, Any]:
+    doc = json.loads(_s(raw))
+    doc["pools"] = empty_list(doc.get("pools"))
+    doc["starving"] = empty_list(doc.get("starving"))
+    for p in doc["pools"]:
+        p["lanes"] = empty_list(p.get("lanes"))
+        p["mustYield"] = empty_list(p.get("mustYield"))
+    return doc
+
+
+class Core:
+    """Argument building and reply decoding for one pod of one mesh."""
+
+    def __init__(self, mesh: str, pod: str, seed: int | None = None):
+        if not isinstance(mesh, str) or not _MESH.match(mesh):
+            raise BadName(f"mesh {mesh!r} may only hold letters, digits, '.', '_' and '-' (1-64 characters)")
+        self.mesh = mesh
+        self.pod = pod
+        self.config_key = f"adm:{{{mesh}}}:config"
+        self.census_key = f"adm:{{{mesh}}}:census"
+        self.wake_channel = f"adm:{{{mesh}}}:wake"
+        self.rng = np.random.default_rng(seed)
+
+    def _call(self, script: str, args: list[Any], decode) -> Call:
+        return Call(script, [self.config_key], args, decode)
+
+    # -- admission -------------------------------------------------------------------------
+    def admit(self, *, lane: str, model: str, round_id: str, agent: str | None = None,
+              now: float | None = None, draw: float | None = None, wait: bool = True,
+              parent: str | None = None, revision: str | None = None) -> Call:
+        if draw is None:
+            draw = float(self.rng.random())
+        elif isinstance(draw, bool) or not isinstance(draw, (int, float)) or not 0 <= draw < 1:
+            raise BadArgument(f"draw must be a number in [0, 1), got {draw!r}")
+        args = [round_id, lane, model, self.pod, agent or "", _now(now), repr(float(draw)),
+                "1" if wait else "0", parent or "", revision or ""]
+
+        def decode(r):
+            status, reason, pool, rid, seq, lane_, est, running, slots, version, at = r
+            admitted = int(status) == Status.ADMITTED
+            seat = Seat(_s(rid), int(seq), _s(pool), _s(lane_), self.pod, float(_s(at))) if admitted else None
+            return Decision(admitted, _s(reason), _s(rid), _s(lane_), _s(pool), seat, float(_s(est)),
+                            int(running), int(slots), int(version))
+
+        return self._call("admit", args, decode)
+
+    def unavailable(self, *, lane: str, model: str, round_id: str, **_: Any) -> Decision:
+        """The shed decision when Redis cannot be reached: never a silent admit."""
+        return Decision(False, UNAVAILABLE, round_id, lane, model)
+
+    def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
+                cost_usd: float | None = None, now: float | None = None) -> Call:
+        if outcome not in OUTCOMES:
+            raise BadArgument(f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
+        args = [seat.id, str(seat.seq), self.pod, outcome, _seconds(seconds), _money(cost_usd), _now(now)]
+
+        def decode(r):
+            return Released(Status(int(r[0])), _s(r[1]), bool(int(r[2])), float(_s(r[3])) if _s(r[3]) else None)
+
+        return self._call("release", args, decode)
+
+    def report(self, seat: Seat, *, signal: str, now: float | None = None) -> Call:
+        if signal not in LOAD_SIGNALS:
+            raise BadArgument(f"signal must be one of {', '.join(LOAD_SIGNALS)}, got {signal!r}")
+        args = [seat.id, str(seat.seq), self.pod, signal, _now(now)]
+
+        def decode(r):
+            return Released(Status(int(r[0])), _s(r[1]), bool(int(r[2])), float(_s(r[3])))
+
+        return self._call("report", args, decode)
+
+    def withdraw(self, round_id: str) -> Call:
+        return self._call("withdraw", [round_id, self.pod], lambda r: bool(int(r[1])))
+
+    # -- the clock ---------------------------------------------------------------------------
+    def heartbeat(self, seats: Iterable[Seat], tickets: Iterable[str], now: float | None = None) -> Call:
+        seats = list(seats)
+        args: list[Any] = [self.pod, _now(now), str(len(seats))]
+        for s in seats:
+            args += [s.id, str(s.seq), s.lane, s.pool, repr(s.admitted_at)]
+        args += list(tickets)
+
+        def decode(r):
+            return Heartbeat(float(_s(r[1])), [_s(x) for x in r[2]], [_s(x) for x in r[3]], [_s(x) for x in r[4]])
+
+        return self._call("heartbeat", args, decode)
+
+    def tick(self, now: float | None = None, sweep_limit: int = 100) -> Call:
+        def decode(r):
+            grew = {_s(r[2][i]): float(_s(r[2][i + 1])) for i in range(0, len(r[2]), 2)}
+            return Tick(int(r[1]), grew, bool(int(r[3])))
+
+        return self._call("tick", [_now(now), str(sweep_limit)], decode)
+
+    # -- reading -----------------------------------------------------------------------------
+    def census(self, now: float | None = None) -> Call:
+        return self._call("census", [_now(now)], decode_census)
+
+    def plan(self, *, lane: str, pools: list[str] | None, wanted: int, now: float | None = None) -> Call:
+        if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0:
+            raise BadArgument(f"wanted must be a whole number >= 0, got {wanted!r}")
+        args = [lane, str(wanted), _now(now), *(pools if pools is not None else ["*"])]
+
+        def decode(r):
+            return {_s(r[i]): int(r[i + 1]) for i in range(1, len(r), 2)}
+
+        return self._call("plan", args, decode)
+
+    def apply(self, policy: dict[str, Any], expected_version: int | None = None) -> Call:
+        args = ["" if expected_version is None else str(expected_version), json.dumps(policy)]
+        return self._call("apply_config", args, lambda r: int(r[1]))
+
+    # -- errors ------------------------------------------------------------------------------
+    @staticmethod
+    def translate(exc: redis.ResponseError) -> Exception:
+        return from_reply(str(exc)) or exc
+
+
+#: What the clients treat as "Redis cannot be reached".
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)

@@ -1,0 +1,75 @@
+"""Exceptions: one type per kind of bad input, each mapped from a Lua error prefix."""
+from __future__ import annotations
+
+from .codes import ERRORS
+
+
+class AdmissionError(Exception):
+    """Base of every error this package raises."""
+
+
+class BadArgument(AdmissionError, ValueError):
+    """A malformed argument: missing, wrong type, NaN, negative, out of range."""
+
+
+class BadName(BadArgument):
+    """A name with braces, spaces, control characters, '|' or over 200 characters."""
+
+
+class UnknownLane(AdmissionError, KeyError):
+    """The lane is not in the policy."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownPool(UnknownLane):
+    """The pool is not in the policy's catalog."""
+
+
+class UnknownSeat(AdmissionError):
+    """No such seat: never admitted, or gone for more than a day."""
+
+
+class NotYourSeat(AdmissionError):
+    """The seat belongs to another pod, or to another admission of the same round id."""
+
+
+class NoPolicy(AdmissionError):
+    """No policy has been applied to this mesh yet."""
+
+
+class PolicyError(AdmissionError, ValueError):
+    """The policy file is malformed or breaks a rule; nothing was applied."""
+
+
+class StaleVersion(PolicyError):
+    """Applying a policy lost a compare-and-set on the version."""
+
+
+class WaitTimeout(AdmissionError, TimeoutError):
+    """A round waited longer than its timeout; its waiter ticket was removed."""
+
+
+class Unavailable(AdmissionError, ConnectionError):
+    """Redis could not be reached (only raised where no shed decision can stand in)."""
+
+
+_BY_PREFIX = {
+    ERRORS["BAD_ARG"]: BadArgument,
+    ERRORS["BAD_NAME"]: BadName,
+    ERRORS["UNKNOWN_LANE"]: UnknownLane,
+    ERRORS["UNKNOWN_POOL"]: UnknownPool,
+    ERRORS["UNKNOWN_SEAT"]: UnknownSeat,
+    ERRORS["NOT_YOUR_SEAT"]: NotYourSeat,
+    ERRORS["NO_CONFIG"]: NoPolicy,
+    ERRORS["BAD_POLICY"]: PolicyError,
+    ERRORS["STALE_VERSION"]: StaleVersion,
+}
+
+
+def from_reply(message: str) -> AdmissionError | None:
+    """The exception for a script's error reply, or None when it is not one of ours."""
+    prefix, _, rest = message.partition(" ")
+    kind = _BY_PREFIX.get(prefix)
+    return kind(rest or prefix) if kind else None

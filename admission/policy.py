@@ -1,0 +1,170 @@
+"""The policy file: TOML in, a validated and normalized dict out (stored by apply_config.lua).
+
+Everything configured is relative (floors, weights) or a declaration (lanes, providers, pools):
+there is no absolute number of concurrent rounds anywhere, and a key that tries to set one is
+refused as retired.
+"""
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+import structlog
+
+from .errors import PolicyError
+
+log = structlog.get_logger("admission.policy")
+
+#: DESIGN §4 tunables: name -> (default, kind, lower bound, upper bound, inclusive lower).
+TUNABLES: dict[str, tuple[float, type, float, float]] = {
+    "seed_estimate": (2, float, 1, 1e6),
+    "max_estimate": (512, float, 1, 1e6),
+    "slow_start_factor": (2, float, 1.0001, 100),
+    "grow_interval": (15, float, 0.001, 86400),
+    "growth_rate": (0.5, float, 0.0001, 10),
+    "probe_after": (4, int, 1, 1e6),
+    "decrease_factor": (0.7, float, 0.0001, 0.9999),
+    "high_free": (0.3, float, 0.0001, 1),
+    "lease_ttl": (30, float, 0.1, 86400),
+    "stall_after": (1200, float, 1, 1e7),
+    "round_cap": (1800, float, 1, 1e7),
+    "starved_after": (900, float, 1, 1e7),
+    "probe_every": (10, float, 0.1, 1e6),
+    "closed_for": (2100, float, 1, 1e7),
+    "aging_unit": (86400, float, 1, 1e9),
+    "cost_scale": (1, float, 1e-9, 1e9),
+    "health_max_age": (30, float, 0.1, 1e6),
+}
+
+#: The seed's budget reserves by lane name (share of the day left when the lane stops).
+DEFAULT_RESERVE = {"triage": 0.30, "bugfix": 0.20, "reviews": 0.10, "babysitter": 0.05,
+                   "watchdog": 0.05, "express": 0.0}
+OTHER_RESERVE = 0.15
+
+_RETIRED = re.compile(r"(?i)^(max_?concurren(t|cy)\w*|max_?(rounds|agents|running|in_?flight)|concurrency(_?(cap|limit))?)$")
+_TOP_KEYS = {"tunables", "lanes", "providers", "pools"}
+_LANE_KEYS = {"floor", "weight", "priority", "reserve", "pools"}
+_PROVIDER_KEYS = {"route", "kind", "daily_limit_usd"}
+_POOL_KEYS = {"tier", "tokens"}
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """Read and validate a policy file."""
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except FileNotFoundError:
+        raise PolicyError(f"policy file {path} not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"policy file {path} is not valid TOML: {exc}") from None
+    return validate(raw)
+
+
+def _retired(where: str, table: Mapping[str, Any]) -> None:
+    for k in table:
+        if _RETIRED.match(k):
+            msg = (f"{where}{k} is retired: admission keeps no absolute number of concurrent rounds; "
+                   "it measures each pool (seed-and-grow) and shares it by floors and weights")
+            warnings.warn(msg, stacklevel=3)
+            log.warning("retired_setting", setting=f"{where}{k}")
+            raise PolicyError(msg)
+
+
+def _unknown(where: str, table: Mapping[str, Any], allowed: set[str]) -> None:
+    extra = sorted(set(table) - allowed)
+    if extra:
+        raise PolicyError(f"{where}: unknown key(s) {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
+
+
+def _number(where: str, v: Any, lo: float, hi: float, kind: type = float) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise PolicyError(f"{where} must be a finite number, got {v!r}")
+    if kind is int and v != int(v):
+        raise PolicyError(f"{where} must be a whole number, got {v!r}")
+    if not lo <= v <= hi:
+        raise PolicyError(f"{where} must be in [{lo}, {hi}], got {v!r}")
+    return kind(v)
+
+
+def _table(where: str, v: Any) -> Mapping[str, Any]:
+    if not isinstance(v, Mapping):
+        raise PolicyError(f"{where} must be a table, got {type(v).__name__}")
+    return v
+
+
+def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Check a policy (as read from TOML) and return its normalized form."""
+    raw = _table("policy", raw)
+    _retired("", raw)
+    _unknown("policy", raw, _TOP_KEYS)
+
+    tun = _table("[tunables]", raw.get("tunables", {}))
+    _retired("tunables.", tun)
+    _unknown("[tunables]", tun, set(TUNABLES))
+    tunables = {name: _number(f"tunables.{name}", tun.get(name, d), lo, hi, kind)
+                for name, (d, kind, lo, hi) in TUNABLES.items()}
+    if tunables["max_estimate"] < tunables["seed_estimate"]:
+        raise PolicyError("tunables.max_estimate must be >= tunables.seed_estimate")
+
+    providers = {}
+    for name, p in _table("[providers]", raw.get("providers", {})).items():
+        p = _table(f"[providers.{name}]", p)
+        _retired(f"providers.{name}.", p)
+        _unknown(f"[providers.{name}]", p, _PROVIDER_KEYS)
+        route, kind = p.get("route", "global"), p.get("kind", "direct")
+        if route not in ("eu", "global"):
+            raise PolicyError(f"providers.{name}.route must be 'eu' or 'global', got {route!r}")
+        if kind not in ("direct", "router"):
+            raise PolicyError(f"providers.{name}.kind must be 'direct' or 'router', got {kind!r}")
+        entry = {"route": route, "kind": kind}
+        if "daily_limit_usd" in p:
+            entry["daily_limit_usd"] = _number(f"providers.{name}.daily_limit_usd", p["daily_limit_usd"], 0, 1e9)
+        providers[name] = entry
+
+    pools = []
+    for name, p in _table("[pools]", raw.get("pools", {})).items():
+        p = _table(f'[pools."{name}"]', p)
+        _retired(f"pools.{name}.", p)
+        _unknown(f'[pools."{name}"]', p, _POOL_KEYS)
+        model, at, provider = name.rpartition("@")
+        if not at or not model or not provider:
+            raise PolicyError(f'pool "{name}" must be written model@provider')
+        if provider not in providers:
+            raise PolicyError(f'pool "{name}": provider {provider!r} is not declared under [providers.{provider}]')
+        pools.append({"name": name, "provider": provider, **p})
+    if not pools:
+        raise PolicyError('policy needs at least one pool: [pools."model@provider"]')
+    catalog = {p["name"] for p in pools}
+
+    lanes = []
+    for name, l in _table("[lanes]", raw.get("lanes", {})).items():
+        l = _table(f"[lanes.{name}]", l)
+        _retired(f"lanes.{name}.", l)
+        _unknown(f"[lanes.{name}]", l, _LANE_KEYS)
+        lane = {
+            "name": name,
+            "floor": _number(f"lanes.{name}.floor", l.get("floor", 0), 0, 1),
+            "weight": _number(f"lanes.{name}.weight", l.get("weight", 1), 1e-6, 1e6),
+            "priority": _number(f"lanes.{name}.priority", l.get("priority", 0), -1e9, 1e9, int),
+            "reserve": _number(f"lanes.{name}.reserve", l.get("reserve", DEFAULT_RESERVE.get(name, OTHER_RESERVE)), 0, 1),
+        }
+        if "pools" in l:
+            own = l["pools"]
+            if not isinstance(own, list) or not own or not all(isinstance(x, str) for x in own):
+                raise PolicyError(f"lanes.{name}.pools must be a non-empty list of pool names")
+            missing = [x for x in own if x not in catalog]
+            if missing:
+                raise PolicyError(f"lanes.{name}.pools: {', '.join(missing)} not in [pools]")
+            lane["pools"] = own
+        lanes.append(lane)
+    if not lanes:
+        raise PolicyError("policy needs at least one lane: [lanes.<name>]")
+    total = sum(l["floor"] for l in lanes)
+    if total > 1 + 1e-9:
+        raise PolicyError(f"lane floors are shares of a pool and must sum to <= 1, got {total:g}")
+    lanes.sort(key=lambda l: (-l["priority"], l["name"]))
+    return {"tunables": tunables, "lanes": lanes, "providers": providers, "pools": pools}

@@ -1,0 +1,68 @@
+"""Bookkeeping shared by the sync and asyncio clients: what a pod holds and who may re-ask.
+
+To avoid a thundering herd, a pod re-asks only with its oldest waiter per lane and pool; the
+others sleep until they become the oldest.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .core import Seat
+
+
+@dataclass
+class Held:
+    """A seat this pod holds, with what its watchdog needs."""
+
+    seat: Seat
+    started: float = field(default_factory=time.monotonic)
+    stall_reported: bool = False
+    cap_reported: bool = False
+
+
+class Book:
+    """The pod's seats and waiters. Not thread-safe: the clients guard it with their lock."""
+
+    def __init__(self) -> None:
+        self.seats: dict[str, Held] = {}
+        self.groups: dict[tuple[str, str], list[str]] = {}
+
+    def hold(self, seat: Seat) -> Held:
+        held = self.seats[seat.id] = Held(seat)
+        return held
+
+    def drop(self, seat_id: str) -> None:
+        self.seats.pop(seat_id, None)
+
+    def enqueue(self, lane: str, pool: str, round_id: str) -> None:
+        queue = self.groups.setdefault((lane, pool), [])
+        if round_id not in queue:
+            queue.append(round_id)
+
+    def dequeue(self, lane: str, pool: str, round_id: str) -> None:
+        queue = self.groups.get((lane, pool), [])
+        if round_id in queue:
+            queue.remove(round_id)
+        if not queue:
+            self.groups.pop((lane, pool), None)
+
+    def is_oldest(self, lane: str, pool: str, round_id: str) -> bool:
+        queue = self.groups.get((lane, pool))
+        return bool(queue) and queue[0] == round_id
+
+    def tickets(self) -> list[str]:
+        return [rid for queue in self.groups.values() for rid in queue]
+
+    def overdue(self, stall_after: float, round_cap: float) -> list[tuple[Held, str]]:
+        """Seats past their stall threshold or round cap that have not reported it yet."""
+        now, due = time.monotonic(), []
+        for held in self.seats.values():
+            age = now - held.started
+            if age >= round_cap and not held.cap_reported:
+                held.cap_reported = held.stall_reported = True
+                due.append((held, "round_cap"))
+            elif age >= stall_after and not held.stall_reported:
+                held.stall_reported = True
+                due.append((held, "stall"))
+        return due

@@ -1,0 +1,104 @@
+--[[
+  admit — decide whether one round may start now on one pool; seat it, or give it a ticket.
+
+  KEYS[1]  adm:{<mesh>}:config   (every other key is derived from it, same hash tag)
+  ARGV[1]  round id (the intent id; also the seat id)
+  ARGV[2]  lane
+  ARGV[3]  pool  (model@provider, in the catalog)
+  ARGV[4]  pod
+  ARGV[5]  agent (may be empty)
+  ARGV[6]  now, epoch seconds ('' = Redis TIME)
+  ARGV[7]  draw u in [0, 1) for the marginal admission (the client draws it)
+  ARGV[8]  wait: 1 = a refused round becomes a waiter (ticket with a lease), 0 = only try
+  ARGV[9]  parent round id (may be empty)
+  ARGV[10] revision (may be empty)
+
+  Reply: {status, reason, pool, seat id, seq, lane, est, running, slots, config version, now}
+    status ADMITTED with reason within-floor | overdraft | borrowed | same-intent
+    status REFUSED  with reason behind-older | reserved | fair-share | full | draw
+  Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_LANE, ADM_UNKNOWN_POOL, ADM_NO_CONFIG
+]]
+--@include "codes"
+--@include "util"
+--@include "config"
+--@include "pool"
+--@include "lanes"
+--@include "seats"
+--@include "decide"
+--@include "events"
+
+local SWEEP_PER_ADMIT = 4
+
+return run(function()
+  local id = check_name('round id', ARGV[1])
+  local pool = ARGV[3]
+  local cfg = load_config(pool)
+  local lane = check_lane(cfg, ARGV[2])
+  check_pool(cfg, pool)
+  local pod = check_name('pod', ARGV[4])
+  local agent = check_name('agent', ARGV[5], true)
+  local now = clock(ARGV[6])
+  local u = check_num('draw', ARGV[7])
+  if u < 0 or u >= 1 then fail(ERR.BAD_ARG, 'draw must be in [0, 1), got ' .. ARGV[7]) end
+  local want_wait = check_one_of('wait', ARGV[8], {['0'] = true, ['1'] = true}) == '1'
+  local parent = check_name('parent', ARGV[9], true)
+  local rev = check_name('revision', ARGV[10], true)
+  local T = cfg.T
+  -- validated: writes may start
+
+  local function reply(status, reason, seq, p)
+    return {status, reason, pool, id, seq, lane, fmt(p.est), p.running, slots(p), cfg.version, fmt(now)}
+  end
+
+  sweep(now, SWEEP_PER_ADMIT)
+
+  -- One decision per intent: a live seat answers again with the same decision.
+  local seat = read_hash(key('seat', id))
+  if seat then
+    local p = load_pool(T, seat.pool)
+    return {STATUS.ADMITTED, 'same-intent', seat.pool, id, tonumber(seat.seq), seat.lane,
+      fmt(p.est), p.running, slots(p), cfg.version, seat.at}
+  end
+
+  -- A waiter that moved to another pool or lane gives up its old place.
+  local ticket = read_hash(key('ticket', id))
+  if ticket and (ticket.pool ~= pool or ticket.lane ~= lane) then
+    drop_ticket(id, ticket)
+    ticket = nil
+  end
+
+  -- Seams, in DESIGN §5 order, for the later issues: 0 delegated, 1 closed provider, 2 budget reserve.
+
+  local p = load_pool(T, pool)
+  local L = load_lanes(cfg, pool)
+  local admitted, reason = false, nil
+
+  -- 3. Oldest first: a newcomer does not pass the older waiters of its own lane.
+  if L.wait[lane] > 0 then
+    local oldest = redis.call('ZRANGE', key('wait', pool, lane), 0, 0)[1]
+    if oldest ~= id then reason = 'behind-older' end
+  end
+  if not reason then admitted, reason = decide(cfg, T, p, L, lane, u) end
+
+  if admitted then
+    if ticket then drop_ticket(id, ticket) end
+    p.seq = redis.call('HINCRBY', key('pool', pool), 'seq', 1)
+    add_seat(cfg, pool, lane, id, {pod = pod, agent = agent, at = now, seq = p.seq, parent = parent, rev = rev},
+      now + T.lease_ttl)
+    redis.call('DEL', key('gone', id))
+    p.running = p.running + 1
+    event('admitted', 'round', id, 'lane', lane, 'pool', pool, 'pod', pod, 'reason', reason)
+    return reply(STATUS.ADMITTED, reason, p.seq, p)
+  end
+
+  redis.call('HSET', key('pool', pool), 'lastDemand', fmt(now))
+  if want_wait then
+    if ticket then
+      redis.call('ZADD', key('tickets'), now + T.lease_ttl, id)
+    else
+      add_ticket(pool, lane, id, pod, agent, now, now + T.lease_ttl)
+    end
+  end
+  event('refused', 'round', id, 'lane', lane, 'pool', pool, 'pod', pod, 'reason', reason)
+  return reply(STATUS.REFUSED, reason, 0, p)
+end)

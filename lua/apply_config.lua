@@ -1,0 +1,65 @@
+--[[
+  apply_config — store a validated policy atomically and bump its version. The Python side
+  (admission/policy.py) validates the policy's meaning with clear messages; this script checks
+  its shape again before the first write, so a malformed call changes nothing.
+
+  KEYS[1]  adm:{<mesh>}:config
+  ARGV[1]  expected current version ('' = any; a mismatch is ADM_STALE_VERSION)
+  ARGV[2]  policy JSON: {lanes: [{name, floor, weight, priority, reserve, pools?}],
+             tunables: {name: number}, providers: {name: {...}}, pools: [{name, provider}], ...}
+
+  Reply: {status, new version}
+  Errors: ADM_BAD_POLICY, ADM_BAD_NAME, ADM_STALE_VERSION
+]]
+--@include "codes"
+--@include "util"
+--@include "events"
+
+local TUNABLES = {'seed_estimate', 'max_estimate', 'slow_start_factor', 'grow_interval', 'growth_rate',
+  'probe_after', 'decrease_factor', 'high_free', 'lease_ttl', 'stall_after', 'round_cap', 'starved_after',
+  'probe_every', 'closed_for', 'aging_unit', 'cost_scale', 'health_max_age'}
+
+return run(function()
+  local ok, policy = pcall(cjson.decode, ARGV[2] or '')
+  if not ok or type(policy) ~= 'table' then fail(ERR.BAD_POLICY, 'policy is not a JSON object') end
+  local function need(cond, msg) if not cond then fail(ERR.BAD_POLICY, msg) end end
+  need(type(policy.lanes) == 'table' and #policy.lanes > 0, 'policy needs at least one lane')
+  for _, l in ipairs(policy.lanes) do
+    check_name('lane', l.name)
+    need(type(l.floor) == 'number' and l.floor >= 0 and l.floor <= 1, 'lane ' .. l.name .. ': floor must be in [0, 1]')
+    need(type(l.weight) == 'number' and l.weight > 0, 'lane ' .. l.name .. ': weight must be > 0')
+    need(type(l.priority) == 'number', 'lane ' .. l.name .. ': priority must be a number')
+  end
+  need(type(policy.tunables) == 'table', 'policy needs tunables')
+  for _, t in ipairs(TUNABLES) do
+    local v = policy.tunables[t]
+    need(type(v) == 'number' and v == v and v > 0 and v < math.huge, 'tunable ' .. t .. ' must be a number > 0')
+  end
+  need(type(policy.pools) == 'table' and #policy.pools > 0, 'policy needs at least one pool')
+  local names = {}
+  for _, p in ipairs(policy.pools) do
+    check_name('pool', p.name)
+    check_name('provider', p.provider)
+    need(string.find(p.name, '@', 1, true) ~= nil, 'pool ' .. p.name .. ' must be written model@provider')
+    names[#names + 1] = p.name
+  end
+  local current = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+  if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= current then
+    fail(ERR.STALE_VERSION, 'expected version ' .. ARGV[1] .. ', found ' .. current)
+  end
+  -- validated: writes may start
+  local stale = {}
+  for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(f, 1, 5) == 'pool:' then stale[#stale + 1] = f end
+  end
+  if #stale > 0 then redis.call('HDEL', KEYS[1], unpack(stale)) end
+  local fields = {'version', current + 1, 'lanes', cjson.encode(policy.lanes),
+    'tunables', cjson.encode(policy.tunables), 'pools', cjson.encode(names), 'policy', ARGV[2]}
+  for _, p in ipairs(policy.pools) do
+    fields[#fields + 1] = 'pool:' .. p.name
+    fields[#fields + 1] = p.provider
+  end
+  redis.call('HSET', KEYS[1], unpack(fields))
+  event('config', 'version', current + 1)
+  return {STATUS.OK, current + 1}
+end)

@@ -1,0 +1,73 @@
+--[[
+  heartbeat — one pod renews every lease it holds in one call. A seat that Redis lost (a restart
+  or failover without its last writes) and that was never released is re-asserted, so the counts
+  match what is really running.
+
+  KEYS[1]  adm:{<mesh>}:config
+  ARGV[1]  pod
+  ARGV[2]  now ('' = Redis TIME)
+  ARGV[3]  number of seats S
+  ARGV[4..] S groups of (seat id, seq, lane, pool, admitted at), then the waiter ticket ids
+
+  Reply: {status, est. lease expiry, lost seat ids (array), re-asserted seat ids (array), lost ticket ids (array)}
+    a lost seat was released, or belongs to another pod now; a lost ticket must ask again
+  Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_LANE, ADM_UNKNOWN_POOL, ADM_NO_CONFIG
+]]
+--@include "codes"
+--@include "util"
+--@include "config"
+--@include "seats"
+
+return run(function()
+  local pod = check_name('pod', ARGV[1])
+  local now = clock(ARGV[2])
+  local n = check_num('seat count', ARGV[3], nil, 0)
+  local cfg = load_config(nil)
+  if #ARGV < 3 + 5 * n then fail(ERR.BAD_ARG, 'expected ' .. n .. ' seat groups of 5 arguments') end
+  local seats = {}
+  for i = 0, n - 1 do
+    local b = 4 + 5 * i
+    local s = {id = check_name('seat id', ARGV[b]), seq = check_num('seq', ARGV[b + 1], nil, 1),
+      lane = check_lane(cfg, ARGV[b + 2]), pool = check_name('pool', ARGV[b + 3]),
+      at = check_num('admitted at', ARGV[b + 4], nil, 0)}
+    if redis.call('HEXISTS', KEYS[1], 'pool:' .. s.pool) == 0 then
+      fail(ERR.UNKNOWN_POOL, 'pool ' .. s.pool .. ' is not in the catalog')
+    end
+    seats[#seats + 1] = s
+  end
+  local tickets = {}
+  for i = 4 + 5 * n, #ARGV do tickets[#tickets + 1] = check_name('ticket id', ARGV[i]) end
+  -- validated: writes may start
+
+  local until_ = now + cfg.T.lease_ttl
+  local lost, reasserted, lost_tickets = {}, {}, {}
+  for _, s in ipairs(seats) do
+    local live = read_hash(key('seat', s.id))
+    if live then
+      if live.pod == pod and tonumber(live.seq) == s.seq then
+        redis.call('ZADD', key('seats'), until_, s.id)
+      else
+        lost[#lost + 1] = s.id
+      end
+    else
+      local gone = read_gone(s.id)
+      if gone and gone.state == 'released' then
+        lost[#lost + 1] = s.id
+      else
+        -- expired under a live pod, or lost by the server: the round is still running
+        add_seat(cfg, s.pool, s.lane, s.id, {pod = pod, at = s.at, seq = s.seq}, until_)
+        -- a wiped pool restarts its sequence: keep it past the seats it still has
+        if (tonumber(redis.call('HGET', key('pool', s.pool), 'seq')) or 0) < s.seq then
+          redis.call('HSET', key('pool', s.pool), 'seq', s.seq)
+        end
+        redis.call('DEL', key('gone', s.id))
+        reasserted[#reasserted + 1] = s.id
+      end
+    end
+  end
+  for _, id in ipairs(tickets) do
+    local t = redis.call('HGET', key('ticket', id), 'pod')
+    if t == pod then redis.call('ZADD', key('tickets'), until_, id) else lost_tickets[#lost_tickets + 1] = id end
+  end
+  return {STATUS.OK, fmt(until_), lost, reasserted, lost_tickets}
+end)

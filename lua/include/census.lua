@@ -1,0 +1,51 @@
+-- The read model (DESIGN §9): one JSON document in the key `census`. Per pool: the estimate and
+-- its history, counts, means; per lane × pool: running, waiting, guaranteed, borrowed, bound
+-- (how many of the lane's rounds could run here now), oldestWaitingSince, spentTodayUsd,
+-- delegated; mustYield (borrowers that will yield at their next boundary) and `starving`.
+-- Arrays that can be empty are encoded by cjson as {} on some engines: readers treat {} as [].
+local function census_pool(cfg, T, pool, now, day, starving)
+  local p = load_pool(T, pool)
+  local L = load_lanes(cfg, pool)
+  local C = slots(p)
+  local g = guaranteed(cfg, L, C, nil)
+  local provider = redis.call('HGET', KEYS[1], 'pool:' .. pool) or ''
+  local spend_fields = {}
+  for _, l in ipairs(cfg.lanes) do spend_fields[#spend_fields + 1] = l.name .. '|' .. provider end
+  local spent = redis.call('HMGET', key('spend', day), unpack(spend_fields))
+  local lanes, owed, borrowers = {}, 0, {}
+  for i, l in ipairs(cfg.lanes) do
+    local run, wait = L.run[l.name], L.wait[l.name]
+    local b = borrowed(L, g, l.name)
+    if run > 0 or wait > 0 or spent[i] then
+      local row = {lane = l.name, running = run, waiting = wait, guaranteed = g[l.name], borrowed = b,
+        delegated = L.del[l.name], spentTodayUsd = (tonumber(spent[i]) or 0) / 1e6,
+        bound = run + plan(cfg, T, p, L, l.name, T.max_estimate)}
+      if wait > 0 then
+        local oldest = redis.call('ZRANGE', key('wait', pool, l.name), 0, 0, 'WITHSCORES')
+        row.oldestWaitingSince = tonumber(oldest[2])
+        if run < g[l.name] and now - row.oldestWaitingSince > T.starved_after then
+          starving[#starving + 1] = {kind = 'below-floor', lane = l.name, pool = pool,
+            waitingSince = row.oldestWaitingSince}
+        end
+        if run < g[l.name] then owed = owed + g[l.name] - run end
+      end
+      lanes[#lanes + 1] = row
+    end
+    if b > 0 then borrowers[#borrowers + 1] = {lane = l.name, borrowed = b} end
+  end
+  return {pool = pool, provider = provider, capacity = p.est, slots = C, carryingCapacity = p.cap,
+    exhausted = p.exhausted == 1, exhaustedAt = p.exhaustedAt, why = p.why, slowStart = p.exhausted ~= 1,
+    free = math.max(0, C - p.running), running = p.running, waiting = p.waiting, successes = p.succ,
+    failures = p.fail, meanSeconds = p.meanSec, meanCostUsd = p.meanCost / 1e6, seq = p.seq,
+    lanes = lanes, owed = owed, mustYield = owed > 0 and borrowers or {}}
+end
+
+local function build_census(cfg, now)
+  local day = utc_day(now)
+  local pools, starving = {}, {}
+  for _, pool in ipairs(catalog()) do pools[#pools + 1] = census_pool(cfg, cfg.T, pool, now, day, starving) end
+  local doc = cjson.encode({mesh = string.match(PREFIX, '{(.*)}'), at = now, configVersion = cfg.version,
+    pools = pools, starving = starving})
+  redis.call('SET', key('census'), doc)
+  return doc
+end

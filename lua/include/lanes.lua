@@ -1,0 +1,61 @@
+-- Per-lane counts of one pool, in the hash `lanes:<p>`: `<lane>` running (delegated included),
+-- `<lane>|w` waiting, `<lane>|d` delegated. One HMGET reads every lane: O(lanes).
+local function load_lanes(cfg, pool)
+  local fields = {}
+  for _, l in ipairs(cfg.lanes) do
+    fields[#fields + 1] = l.name
+    fields[#fields + 1] = l.name .. '|w'
+    fields[#fields + 1] = l.name .. '|d'
+  end
+  local v = redis.call('HMGET', key('lanes', pool), unpack(fields))
+  local run, wait, del = {}, {}, {}
+  for i, l in ipairs(cfg.lanes) do
+    run[l.name] = tonumber(v[3 * i - 2]) or 0
+    wait[l.name] = tonumber(v[3 * i - 1]) or 0
+    del[l.name] = tonumber(v[3 * i]) or 0
+  end
+  return {run = run, wait = wait, del = del}
+end
+
+-- Guaranteed slots (DESIGN §5.4): among the lanes that have work (running or waiting; `asking`
+-- counts as waiting), q = floor share × C; each gets floor(q), the floor(Σq) − Σfloor(q) slots
+-- left go one each to the largest remainders (ties to priority), then a lane with waiting work
+-- and a non-zero floor that got none gets one. Lanes without work get none.
+local function guaranteed(cfg, L, C, asking)
+  local g, rem, with_work, sum_q, sum_g = {}, {}, {}, 0, 0
+  for _, l in ipairs(cfg.lanes) do
+    g[l.name] = 0
+    if L.run[l.name] > 0 or L.wait[l.name] > 0 or l.name == asking then
+      local q = l.floor * C + 1e-9 -- absorb float noise (0.7 * 10 = 7.000000000000001)
+      g[l.name] = math.floor(q)
+      rem[l.name] = q - g[l.name]
+      sum_q = sum_q + q
+      sum_g = sum_g + g[l.name]
+      with_work[#with_work + 1] = l
+    end
+  end
+  local left = math.floor(sum_q) - sum_g
+  if left > 0 then
+    local order = {}
+    for i, l in ipairs(with_work) do order[i] = l end
+    -- cfg.lanes is sorted by priority desc, then name: keep that order among equal remainders
+    local rank = {}
+    for i, l in ipairs(order) do rank[l.name] = i end
+    table.sort(order, function(a, b)
+      local ra, rb = rem[a.name], rem[b.name]
+      if math.abs(ra - rb) > 1e-9 then return ra > rb end
+      return rank[a.name] < rank[b.name]
+    end)
+    for i = 1, math.min(left, #order) do g[order[i].name] = g[order[i].name] + 1 end
+  end
+  for _, l in ipairs(with_work) do
+    local waiting = L.wait[l.name] > 0 or l.name == asking
+    if waiting and l.floor > 0 and g[l.name] == 0 then g[l.name] = 1 end
+  end
+  return g
+end
+
+-- Borrowed = running above guaranteed.
+local function borrowed(L, g, lane)
+  return math.max(0, L.run[lane] - g[lane])
+end

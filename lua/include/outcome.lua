@@ -1,0 +1,38 @@
+-- What a round reports, applied to its pool (DESIGN §4 "Signals", §6 load signals).
+local LOAD = {rate_limited = true, stall = true, round_cap = true}
+local OUTCOMES = {clean = true, rate_limited = true, stall = true, round_cap = true, error = true}
+local SIGNAL_FIELDS = {'succ', 'fail', 'meanSec', 'meanCost', 'priced', 'clean'}
+local SPEND_DAYS = 8 -- spend ledgers of older days expire
+
+-- A load signal from the seat with admission sequence `seq`; true when the estimate decreased.
+local function load_signal(T, p, now, why, seq)
+  local decreased = decrease(T, p, now, why, seq)
+  if decreased then
+    save_pool(p, DECREASE_FIELDS)
+    event('exhausted', 'pool', p.name, 'why', why, 'running', p.running, 'est', fmt(p.est))
+  end
+  return decreased
+end
+
+-- The end of a round: its outcome, duration and price. `signalled` when the round's watchdog
+-- already reported its load signal mid-round (the decrease is not applied twice). Spend is kept
+-- per lane per provider per UTC day. Returns true when the estimate decreased.
+local function apply_outcome(cfg, p, lane, now, outcome, seconds, cost_micro, seq, signalled)
+  local decreased = false
+  if LOAD[outcome] and not signalled then decreased = load_signal(cfg.T, p, now, outcome, seq) end
+  if outcome == 'clean' then
+    p.meanSec = ewma(p.meanSec, p.succ, seconds)
+    p.clean = p.clean + 1
+  end
+  count_outcome(p, outcome == 'clean')
+  if cost_micro ~= nil then
+    p.meanCost = ewma(p.meanCost, p.priced, cost_micro)
+    p.priced = math.min(p.priced + 1, 1000000)
+    local provider = redis.call('HGET', KEYS[1], 'pool:' .. p.name) or ''
+    local day = key('spend', utc_day(now))
+    redis.call('HINCRBY', day, lane .. '|' .. provider, cost_micro)
+    redis.call('EXPIRE', day, SPEND_DAYS * 86400)
+  end
+  save_pool(p, SIGNAL_FIELDS)
+  return decreased
+end

@@ -1,0 +1,110 @@
+-- The estimate of one pool: seed-and-grow (DESIGN §4). State lives in the hash `pool:<p>`:
+--   est K̂, cap K (0 = never measured), slow (1 while in slow start), exhausted, exhaustedAt, why,
+--   seq (admission sequence), holdSeq (seq at the last decrease), lastGrow, clean (clean rounds
+--   since the last growth step), atCap (growth steps at K without a load signal), lastDemand,
+--   succ, fail, meanSec, meanCost (micro-USD), running, waiting.
+local POOL_NUM = {'est', 'cap', 'slow', 'exhausted', 'exhaustedAt', 'seq', 'holdSeq', 'lastGrow',
+  'clean', 'atCap', 'lastDemand', 'succ', 'fail', 'meanSec', 'meanCost', 'running', 'waiting', 'priced'}
+
+local function load_pool(T, pool)
+  local raw = redis.call('HGETALL', key('pool', pool))
+  local p = {name = pool, why = ''}
+  for i = 1, #raw, 2 do p[raw[i]] = raw[i + 1] end
+  for _, f in ipairs(POOL_NUM) do p[f] = tonumber(p[f]) or 0 end
+  if p.est == 0 then -- never seen: seed, slow start
+    p.est = T.seed_estimate
+    p.slow = 1
+  end
+  return p
+end
+
+local function save_pool(p, fields)
+  local args = {}
+  for _, f in ipairs(fields) do
+    local v = p[f]
+    args[#args + 1] = f
+    args[#args + 1] = type(v) == 'number' and fmt(v) or v
+  end
+  redis.call('HSET', key('pool', p.name), unpack(args))
+end
+
+local function slots(p)
+  return math.max(1, math.floor(p.est))
+end
+
+-- Demand: a waiter, the pool full, or a refusal within the last interval.
+local function has_demand(T, p, now)
+  return p.waiting > 0 or p.running >= slots(p) or (p.lastDemand > 0 and now - p.lastDemand < T.grow_interval)
+end
+
+-- Growth waits for its evidence: once measured, steps come at most every
+-- max(grow_interval, half the mean round time).
+local function grow_interval(T, p)
+  if p.exhausted == 1 then return math.max(T.grow_interval, p.meanSec / 2) end
+  return T.grow_interval
+end
+
+-- One growth step if due; true when the estimate (or K) changed. Idempotent per interval: every
+-- pod's tick may call it, only the first one after the interval takes effect.
+local GROW_FIELDS = {'est', 'cap', 'lastGrow', 'clean', 'atCap', 'slow'}
+local function grow(T, p, now)
+  if now - p.lastGrow < grow_interval(T, p) then return false end
+  if not has_demand(T, p, now) then return false end -- an idle pool keeps its estimate
+  if p.exhausted ~= 1 then
+    p.est = math.min(T.max_estimate, p.est * T.slow_start_factor)
+  else
+    if p.clean < 1 then return false end -- no clean round since the last step: no evidence yet
+    if p.est < p.cap - 0.5 then
+      local step = math.max(T.growth_rate * p.est * (1 - p.est / p.cap), 0.25)
+      p.est = math.min(p.cap, p.est + step)
+    else
+      -- at K: upward probing grows K by one after probe_after steps without a load signal
+      p.est = math.min(T.max_estimate, math.max(p.est, p.cap))
+      p.atCap = p.atCap + 1
+      if p.atCap >= T.probe_after then
+        p.cap = math.min(T.max_estimate, p.cap + 1)
+        p.atCap = 0
+        local step = math.max(T.growth_rate * p.est * (1 - p.est / p.cap), 0.25)
+        p.est = math.min(p.cap, p.est + step)
+      end
+    end
+  end
+  p.lastGrow = now
+  p.clean = 0
+  return true
+end
+
+-- A load signal at n rounds running: K = n, K̂ = max(1, factor·n), slow start ends. Once per
+-- burst: a round admitted before the last decrease (its seq <= holdSeq) does not decrease again.
+local DECREASE_FIELDS = {'est', 'cap', 'slow', 'exhausted', 'exhaustedAt', 'why', 'holdSeq',
+  'lastGrow', 'clean', 'atCap'}
+local function decrease(T, p, now, why, seat_seq)
+  if seat_seq <= p.holdSeq then return false end
+  local n = math.max(1, p.running)
+  p.cap = n
+  p.est = math.max(1, T.decrease_factor * n)
+  p.slow = 0
+  p.exhausted = 1
+  p.exhaustedAt = now
+  p.why = why
+  p.holdSeq = p.seq
+  p.lastGrow = now
+  p.clean = 0
+  p.atCap = 0
+  return true
+end
+
+-- Outcome counts for Thompson sampling; halved past 200 so they follow a provider that changes.
+local function count_outcome(p, success)
+  if success then p.succ = p.succ + 1 else p.fail = p.fail + 1 end
+  if p.succ + p.fail > 200 then
+    p.succ = p.succ / 2
+    p.fail = p.fail / 2
+  end
+end
+
+local EWMA = 0.1
+local function ewma(mean, n, x)
+  if n <= 0 then return x end
+  return mean + EWMA * (x - mean)
+end

@@ -1,0 +1,88 @@
+-- Seats and waiter tickets with leases.
+--   seats            sorted set: seat id -> lease expiry
+--   seat:<id>        hash: lane, pool, pod, agent, at, seq, parent, rev, delegated, signalled
+--   tickets          sorted set: ticket id -> lease expiry
+--   ticket:<id>      hash: lane, pool, pod, agent, since
+--   wait:<p>:<lane>  sorted set: ticket id -> enqueue time (oldest first)
+--   gone:<id>        string "<state>|<seq>|<pod>|<pool>|<lane>" with state released or expired,
+--                    kept a day, so a retried release counts once and a late one is recognised
+local GONE_TTL = 86400
+
+local function add_seat(cfg, pool, lane, id, s, lease_until)
+  redis.call('HSET', key('seat', id), 'lane', lane, 'pool', pool, 'pod', s.pod, 'agent', s.agent or '',
+    'at', fmt(s.at), 'seq', s.seq, 'parent', s.parent or '', 'rev', s.rev or '',
+    'delegated', s.delegated or '', 'signalled', s.signalled or '')
+  redis.call('ZADD', key('seats'), lease_until, id)
+  redis.call('HINCRBY', key('lanes', pool), lane, 1)
+  if s.delegated and s.delegated ~= '' then redis.call('HINCRBY', key('lanes', pool), lane .. '|d', 1) end
+  redis.call('HINCRBY', key('pool', pool), 'running', 1)
+end
+
+local function read_hash(k)
+  local raw = redis.call('HGETALL', k)
+  if #raw == 0 then return nil end
+  local h = {}
+  for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
+  return h
+end
+
+-- Remove a seat and heal the counts; `state` is written to its tombstone.
+local function drop_seat(id, s, state)
+  redis.call('DEL', key('seat', id))
+  redis.call('ZREM', key('seats'), id)
+  redis.call('HINCRBY', key('lanes', s.pool), s.lane, -1)
+  if s.delegated and s.delegated ~= '' then redis.call('HINCRBY', key('lanes', s.pool), s.lane .. '|d', -1) end
+  redis.call('HINCRBY', key('pool', s.pool), 'running', -1)
+  redis.call('SET', key('gone', id), table.concat({state, s.seq, s.pod, s.pool, s.lane}, '|'), 'EX', GONE_TTL)
+end
+
+local function read_gone(id)
+  local v = redis.call('GET', key('gone', id))
+  if not v then return nil end
+  local state, seq, pod, pool, lane = string.match(v, '^(%a+)|(%d+)|([^|]*)|([^|]*)|(.*)$')
+  return {state = state, seq = tonumber(seq), pod = pod, pool = pool, lane = lane}
+end
+
+local function add_ticket(pool, lane, id, pod, agent, since, lease_until)
+  redis.call('HSET', key('ticket', id), 'lane', lane, 'pool', pool, 'pod', pod, 'agent', agent, 'since', fmt(since))
+  redis.call('ZADD', key('tickets'), lease_until, id)
+  redis.call('ZADD', key('wait', pool, lane), since, id)
+  redis.call('HINCRBY', key('lanes', pool), lane .. '|w', 1)
+  redis.call('HINCRBY', key('pool', pool), 'waiting', 1)
+end
+
+local function drop_ticket(id, t)
+  redis.call('DEL', key('ticket', id))
+  redis.call('ZREM', key('tickets'), id)
+  redis.call('ZREM', key('wait', t.pool, t.lane), id)
+  redis.call('HINCRBY', key('lanes', t.pool), t.lane .. '|w', -1)
+  redis.call('HINCRBY', key('pool', t.pool), 'waiting', -1)
+end
+
+-- Sweep at most `limit` expired seats and tickets (a dead pod's leases): bounded cost per call.
+-- Returns the pools whose counts changed, so callers can wake their waiters.
+local function sweep(now, limit)
+  local touched, n = {}, 0
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', key('seats'), '-inf', now, 'LIMIT', 0, limit)) do
+    local s = read_hash(key('seat', id))
+    if s then
+      drop_seat(id, s, 'expired')
+      touched[s.pool] = true
+    else
+      redis.call('ZREM', key('seats'), id)
+    end
+    n = n + 1
+  end
+  if n < limit then
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', key('tickets'), '-inf', now, 'LIMIT', 0, limit - n)) do
+      local t = read_hash(key('ticket', id))
+      if t then drop_ticket(id, t) else redis.call('ZREM', key('tickets'), id) end
+      n = n + 1
+    end
+  end
+  return touched, n
+end
+
+local function wake(pool)
+  redis.call('PUBLISH', key('wake'), pool)
+end

@@ -1,0 +1,90 @@
+-- Keys, clock and argument validation shared by every script.
+-- KEYS[1] is always the mesh's config key `adm:{<mesh>}:config`; every other key is derived from it,
+-- so all keys carry the mesh's hash tag and a Redis Cluster routes the script by KEYS[1].
+local PREFIX = string.sub(KEYS[1], 1, -7)
+if string.sub(KEYS[1], -7) ~= ':config' or not string.match(PREFIX, '^adm:{[^{}]+}:$') then
+  return redis.error_reply(ERR.BAD_ARG .. ' KEYS[1] must be adm:{<mesh>}:config')
+end
+local function key(...)
+  return PREFIX .. table.concat({...}, ':')
+end
+
+local function fail(code, msg)
+  error({err = code .. ' ' .. msg}, 0)
+end
+
+-- A name may carry letters, digits and . _ - / : @ # and nothing that breaks a key or a field
+-- separator: no braces (hash tags), spaces, control characters or '|'.
+local function check_name(what, s, optional)
+  if s == nil or s == '' then
+    if optional then return '' end
+    fail(ERR.BAD_NAME, what .. ' is empty')
+  end
+  if #s > 200 then fail(ERR.BAD_NAME, what .. ' is longer than 200 characters') end
+  if not string.match(s, '^[%w%._%-/:@#]+$') then
+    fail(ERR.BAD_NAME, what .. ' ' .. string.format('%q', s) ..
+      ' may only hold letters, digits and . _ - / : @ #')
+  end
+  return s
+end
+
+-- A finite number, optionally bounded below; '' gives the default (nil: required).
+local function check_num(what, s, default, min)
+  if s == nil or s == '' then
+    if default ~= nil then return default end
+    fail(ERR.BAD_ARG, what .. ' is required')
+  end
+  local x = tonumber(s)
+  if x == nil or x ~= x or x == math.huge or x == -math.huge then
+    fail(ERR.BAD_ARG, what .. ' must be a finite number, got ' .. tostring(s))
+  end
+  if min ~= nil and x < min then
+    fail(ERR.BAD_ARG, what .. ' must be >= ' .. min .. ', got ' .. tostring(s))
+  end
+  return x
+end
+
+local function check_one_of(what, s, allowed)
+  if allowed[s] then return s end
+  local names = {}
+  for k in pairs(allowed) do names[#names + 1] = k end
+  table.sort(names)
+  fail(ERR.BAD_ARG, what .. ' must be one of ' .. table.concat(names, ', ') .. ', got ' .. tostring(s))
+end
+
+-- One clock for all pods: Redis' own TIME, unless the caller passes `now` (tests, simulator).
+local function clock(s)
+  if s == nil or s == '' then
+    local t = redis.call('TIME')
+    return tonumber(t[1]) + tonumber(t[2]) / 1e6
+  end
+  return check_num('now', s, nil, 0)
+end
+
+-- Floats leave a script as strings (Lua numbers become integers in a reply).
+local function fmt(x)
+  return string.format('%.17g', x)
+end
+
+-- UTC day YYYY-MM-DD of an epoch second (civil-from-days; scripts have no os.date).
+local function utc_day(t)
+  local z = math.floor(t / 86400) + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400 + (m <= 2 and 1 or 0)
+  return string.format('%04d-%02d-%02d', y, m, d)
+end
+
+-- Run the script body; a fail() anywhere becomes a clean error reply. Every body validates its
+-- arguments before its first write, so an error reply means nothing changed.
+local function run(body)
+  local ok, res = pcall(body)
+  if ok then return res end
+  if type(res) == 'table' and res.err then return redis.error_reply(res.err) end
+  error(res, 0)
+end

@@ -1,0 +1,45 @@
+--[[
+  plan — how many of `wanted` new rounds of a lane would start now on each pool; nothing is
+  seated and nothing written. Allowance(lane) is the sum over the lane's pools.
+
+  KEYS[1]  adm:{<mesh>}:config
+  ARGV[1]  lane
+  ARGV[2]  wanted (>= 0, whole)
+  ARGV[3]  now ('' = Redis TIME; unused by today's rules, kept for the later ones)
+  ARGV[4..] pools ('*' alone = the lane's pools: its `pools` list in the policy, else the catalog)
+
+  Reply: {status, pool, n, pool, n, ...}
+  Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_LANE, ADM_UNKNOWN_POOL, ADM_NO_CONFIG
+]]
+--@include "codes"
+--@include "util"
+--@include "config"
+--@include "pool"
+--@include "lanes"
+--@include "decide"
+
+return run(function()
+  local cfg = load_config(nil)
+  local lane = check_lane(cfg, ARGV[1])
+  local wanted = check_num('wanted', ARGV[2], nil, 0)
+  if wanted ~= math.floor(wanted) or wanted > 100000 then fail(ERR.BAD_ARG, 'wanted must be a whole number <= 100000') end
+  clock(ARGV[3])
+  local pools = {}
+  if ARGV[4] == '*' then
+    pools = cfg.lane[lane].pools or catalog()
+  else
+    for i = 4, #ARGV do pools[#pools + 1] = ARGV[i] end
+  end
+  for _, pool in ipairs(pools) do
+    check_name('pool', pool)
+    if redis.call('HEXISTS', KEYS[1], 'pool:' .. pool) == 0 then
+      fail(ERR.UNKNOWN_POOL, 'pool ' .. pool .. ' is not in the catalog')
+    end
+  end
+  local out = {STATUS.OK}
+  for _, pool in ipairs(pools) do
+    out[#out + 1] = pool
+    out[#out + 1] = plan(cfg, cfg.T, load_pool(cfg.T, pool), load_lanes(cfg, pool), lane, wanted)
+  end
+  return out
+end)

@@ -1,0 +1,67 @@
+--[[
+  release — a round ended: free its seat and count its outcome. Idempotent: a release retried
+  after a lost reply finds the seat's tombstone and changes nothing.
+
+  KEYS[1]  adm:{<mesh>}:config
+  ARGV[1]  seat id (the round id)
+  ARGV[2]  seq: the admission sequence the seat was given (binds the release to that admission)
+  ARGV[3]  pod
+  ARGV[4]  outcome: clean | rate_limited | stall | round_cap | error
+  ARGV[5]  seconds the round ran (>= 0)
+  ARGV[6]  cost in integer micro-USD (>= 0; '' = not priced)
+  ARGV[7]  now ('' = Redis TIME)
+
+  Reply: {status, pool, decreased (0/1), est}
+    status RELEASED, ALREADY_RELEASED (retry; nothing changed) or EXPIRED (lease had run out:
+    the outcome counts, the counts were already healed by the sweep)
+  Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_SEAT, ADM_NOT_YOUR_SEAT, ADM_NO_CONFIG
+]]
+--@include "codes"
+--@include "util"
+--@include "config"
+--@include "pool"
+--@include "seats"
+--@include "events"
+--@include "outcome"
+
+return run(function()
+  local id = check_name('seat id', ARGV[1])
+  local seq = check_num('seq', ARGV[2], nil, 1)
+  local pod = check_name('pod', ARGV[3])
+  local outcome = check_one_of('outcome', ARGV[4], OUTCOMES)
+  local seconds = check_num('seconds', ARGV[5], 0, 0)
+  local cost = nil
+  if ARGV[6] ~= '' then
+    cost = check_num('cost', ARGV[6], nil, 0)
+    if cost ~= math.floor(cost) then fail(ERR.BAD_ARG, 'cost must be whole micro-USD, got ' .. ARGV[6]) end
+  end
+  local now = clock(ARGV[7])
+  local cfg = load_config(nil)
+
+  local s = read_hash(key('seat', id))
+  if not s then
+    local gone = read_gone(id)
+    if not gone then fail(ERR.UNKNOWN_SEAT, 'no seat ' .. id .. ' (never admitted, or gone for a day)') end
+    if gone.seq ~= seq or gone.pod ~= pod then
+      fail(ERR.NOT_YOUR_SEAT, 'seat ' .. id .. ' was held by pod ' .. gone.pod .. ' at seq ' .. gone.seq)
+    end
+    if gone.state == 'released' then return {STATUS.ALREADY_RELEASED, gone.pool, 0, ''} end
+    -- expired under a live round (a slow heartbeat): the counts were healed by the sweep; the
+    -- round still ran, so count what it saw, once
+    local p = load_pool(cfg.T, gone.pool)
+    local decreased = apply_outcome(cfg, p, gone.lane, now, outcome, seconds, cost, seq, false)
+    redis.call('SET', key('gone', id), table.concat({'released', gone.seq, gone.pod, gone.pool, gone.lane}, '|'),
+      'KEEPTTL')
+    return {STATUS.EXPIRED, gone.pool, decreased and 1 or 0, fmt(p.est)}
+  end
+  if s.pod ~= pod or tonumber(s.seq) ~= seq then
+    fail(ERR.NOT_YOUR_SEAT, 'seat ' .. id .. ' is held by pod ' .. s.pod .. ' at seq ' .. s.seq)
+  end
+
+  local p = load_pool(cfg.T, s.pool)
+  local decreased = apply_outcome(cfg, p, s.lane, now, outcome, seconds, cost, seq, s.signalled ~= '')
+  drop_seat(id, s, 'released')
+  wake(s.pool)
+  event('released', 'round', id, 'pool', s.pool, 'lane', s.lane, 'outcome', outcome, 'seconds', fmt(seconds))
+  return {STATUS.RELEASED, s.pool, decreased and 1 or 0, fmt(p.est)}
+end)

@@ -1,0 +1,41 @@
+--[[
+  report — a load signal in the middle of a round (the worker's watchdog saw the round pass its
+  stall threshold, or the round cap); the seat stays and the round goes on.
+
+  KEYS[1]  adm:{<mesh>}:config
+  ARGV[1]  seat id
+  ARGV[2]  seq the seat was admitted with
+  ARGV[3]  pod
+  ARGV[4]  signal: stall | round_cap | rate_limited
+  ARGV[5]  now ('' = Redis TIME)
+
+  Reply: {status, pool, decreased (0/1), est}
+    status REPORTED, or ALREADY_REPORTED when this seat reported a load signal before (one per seat)
+  Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_SEAT, ADM_NOT_YOUR_SEAT, ADM_NO_CONFIG
+]]
+--@include "codes"
+--@include "util"
+--@include "config"
+--@include "pool"
+--@include "events"
+--@include "seats"
+--@include "outcome"
+
+return run(function()
+  local id = check_name('seat id', ARGV[1])
+  local seq = check_num('seq', ARGV[2], nil, 1)
+  local pod = check_name('pod', ARGV[3])
+  local signal = check_one_of('signal', ARGV[4], LOAD)
+  local now = clock(ARGV[5])
+  local cfg = load_config(nil)
+  local s = read_hash(key('seat', id))
+  if not s then fail(ERR.UNKNOWN_SEAT, 'no live seat ' .. id) end
+  if s.pod ~= pod or tonumber(s.seq) ~= seq then
+    fail(ERR.NOT_YOUR_SEAT, 'seat ' .. id .. ' is held by pod ' .. s.pod .. ' at seq ' .. s.seq)
+  end
+  local p = load_pool(cfg.T, s.pool)
+  if s.signalled ~= '' then return {STATUS.ALREADY_REPORTED, s.pool, 0, fmt(p.est)} end
+  local decreased = load_signal(cfg.T, p, now, signal, seq)
+  redis.call('HSET', key('seat', id), 'signalled', signal)
+  return {STATUS.REPORTED, s.pool, decreased and 1 or 0, fmt(p.est)}
+end)

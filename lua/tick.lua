@@ -1,0 +1,49 @@
+--[[
+  tick — the pool clock. Every pod's background clock calls it; it is idempotent: at most one
+  growth step per pool per interval takes effect across all pods. It sweeps a bounded number of
+  expired leases (dead pods), takes the growth steps that are due, wakes the waiters of pools
+  with free slots, and refreshes the census at most once per grow_interval.
+
+  KEYS[1]  adm:{<mesh>}:config
+  ARGV[1]  now ('' = Redis TIME)
+  ARGV[2]  sweep limit (expired seats + tickets removed at most; default 100)
+
+  Reply: {status, swept, {pool, est, pool, est, ...} of the pools that grew, census refreshed (0/1)}
+  Errors: ADM_BAD_ARG, ADM_NO_CONFIG
+]]
+--@include "codes"
+--@include "util"
+--@include "config"
+--@include "pool"
+--@include "lanes"
+--@include "seats"
+--@include "decide"
+--@include "events"
+--@include "census"
+
+return run(function()
+  local now = clock(ARGV[1])
+  local limit = check_num('sweep limit', ARGV[2], 100, 1)
+  local cfg = load_config(nil)
+  local T = cfg.T
+  local _, swept = sweep(now, limit)
+  local grew = {}
+  for _, pool in ipairs(catalog()) do
+    local p = load_pool(T, pool)
+    if grow(T, p, now) then
+      save_pool(p, GROW_FIELDS)
+      grew[#grew + 1] = pool
+      grew[#grew + 1] = fmt(p.est)
+      event('grew', 'pool', pool, 'est', fmt(p.est), 'cap', fmt(p.cap))
+    end
+    if p.waiting > 0 and p.running < slots(p) then wake(pool) end
+  end
+  local refreshed = 0
+  local last = tonumber(redis.call('GET', key('census', 'at')) or '0') or 0
+  if now - last >= T.grow_interval or now < last then
+    build_census(cfg, now)
+    redis.call('SET', key('census', 'at'), fmt(now))
+    refreshed = 1
+  end
+  return {STATUS.OK, swept, grew, refreshed}
+end)

@@ -1,0 +1,191 @@
+"""DESIGN §4 — the estimate of one pool (seed-and-grow). One test per rule, named after it."""
+from __future__ import annotations
+
+import pytest
+
+from admission import Status
+
+from helpers import POOL, T0, Rounds, adm, policy, pool_state
+
+
+def est(client) -> float:
+    return float(pool_state(client).get("est", "nan"))
+
+
+def measured(client, n: int, **tunables):
+    """A pool measured exhausted at n running: K = n, K̂ = 0.7·n; one seat released, n-1 held."""
+    a = adm(client, pol=policy({"a": {"floor": 0, "weight": 1, "priority": 1}}, seed_estimate=n, **tunables))
+    r = Rounds(a)
+    seats = r.fill("a", n)
+    out = a.release(seats[0], outcome="rate_limited", seconds=1, now=T0 + 1)
+    assert out.decreased
+    return a, r, seats[1:]
+
+
+def test_seed_estimate_of_a_pool_never_measured(redis_client):
+    a = adm(redis_client, pol=policy(seed_estimate=3))
+    row = a.census(now=T0)["pools"][0]
+    assert row["capacity"] == 3 and row["slots"] == 3 and row["slowStart"] and not row["exhausted"]
+
+
+def test_growth_needs_demand_idle_pool_keeps_its_estimate(redis_client):
+    a = adm(redis_client)
+    a.tick(now=T0)
+    a.tick(now=T0 + 100)
+    assert a.census(now=T0 + 100)["pools"][0]["capacity"] == 2  # idle: unchanged
+    r = Rounds(a, T0 + 100)
+    r.fill("a", 2)                       # running >= slots: demand
+    assert a.tick(now=T0 + 200).grew == {POOL: 4.0}
+
+
+def test_growth_needs_demand_a_waiter_counts(redis_client):
+    a = adm(redis_client, pol=policy({"a": {"floor": 0, "weight": 1, "priority": 1}}, seed_estimate=4))
+    r = Rounds(a)
+    r.fill("a", 1)
+    assert a.tick(now=T0 + 20).grew == {}  # one of four running, nobody waiting: no demand
+    r.fill("a", 3)
+    assert not r.ask("a", wait=True).admitted
+    assert a.tick(now=T0 + 40).grew == {POOL: 8.0}
+
+
+def test_slow_start_doubles_once_per_grow_interval_up_to_max(redis_client):
+    a = adm(redis_client, pol=policy(max_estimate=10))
+    r = Rounds(a)
+    r.fill("a", 2)                                  # full: demand
+    assert a.tick(now=T0 + 15).grew == {POOL: 4.0}
+    assert a.tick(now=T0 + 20).grew == {}           # within the interval
+    r.fill("a", 2)                                  # full again at 4
+    assert a.tick(now=T0 + 30).grew == {POOL: 8.0}
+    r.fill("a", 4)
+    assert a.tick(now=T0 + 45).grew == {POOL: 10.0}  # capped by max_estimate
+
+
+def test_logistic_growth_once_measured(redis_client):
+    a, r, seats = measured(redis_client, 10)        # K = 10, K̂ = 7
+    assert est(redis_client) == pytest.approx(7.0)
+    a.release(seats[0], outcome="clean", seconds=1, now=T0 + 2)   # evidence
+    r.now = T0 + 3
+    r.ask("a", wait=True, round_id="w1")           # a waiter: demand
+    grew = a.tick(now=T0 + 20).grew
+    assert grew[POOL] == pytest.approx(7 + 0.5 * 7 * (1 - 7 / 10))  # r·K̂·(1 − K̂/K)
+
+
+def test_logistic_growth_at_least_a_quarter_below_K(redis_client):
+    a, r, seats = measured(redis_client, 10, growth_rate=0.01)
+    a.release(seats[0], outcome="clean", seconds=1, now=T0 + 2)
+    r.now = T0 + 3
+    r.ask("a", wait=True, round_id="w1")
+    assert a.tick(now=T0 + 20).grew[POOL] == pytest.approx(7.25)
+
+
+def test_growth_waits_for_its_evidence_a_clean_round_since_the_last_step(redis_client):
+    a, r, seats = measured(redis_client, 10)
+    r.now = T0 + 3
+    r.ask("a", wait=True, round_id="w1")
+    assert a.tick(now=T0 + 20).grew == {}          # no clean round since the decrease
+    a.release(seats[0], outcome="clean", seconds=1, now=T0 + 21)
+    assert POOL in a.tick(now=T0 + 40).grew
+    assert a.tick(now=T0 + 60).grew == {}          # the step consumed the evidence
+
+
+def test_growth_waits_for_its_evidence_half_the_mean_round_time(redis_client):
+    a, r, seats = measured(redis_client, 10)
+    a.release(seats[0], outcome="clean", seconds=100, now=T0 + 2)   # mean round 100 s -> 50 s
+    a.release(seats[1], outcome="clean", seconds=100, now=T0 + 2)
+    r.now = T0 + 3
+    r.ask("a", wait=True, round_id="w1")
+    assert a.tick(now=T0 + 1 + 30).grew == {}      # 30 s after the decrease: < 50 s
+    assert POOL in a.tick(now=T0 + 1 + 50).grew
+
+
+def test_upward_probing_grows_K_by_one_after_probe_after_steps_at_K(redis_client):
+    a, r, held = measured(redis_client, 4, probe_after=3, growth_rate=2)   # K = 4, K̂ = 2.8
+    now, caps, waiter = T0 + 10, [], 0
+    for _ in range(6):
+        a.release(held.pop(0), outcome="clean", seconds=1, now=now)     # the evidence
+        while True:                                                     # refill; one waiter left: demand
+            d = r.ask("a", round_id=f"w{waiter}", wait=True, now=now)
+            if not d.admitted:
+                break
+            held.append(d.seat)
+            waiter += 1
+        now += 16
+        a.tick(now=now)
+        caps.append(float(pool_state(redis_client)["cap"]))
+    # step 1 brings K̂ to K; the next three steps at K grow K by one (probe_after = 3)
+    assert caps == [4, 4, 4, 5, 5, 5]
+
+
+def test_decrease_on_a_load_signal(redis_client):
+    a, r, seats = measured(redis_client, 10)
+    s = pool_state(redis_client)
+    assert float(s["cap"]) == 10 and float(s["est"]) == pytest.approx(7.0)
+    assert s["exhausted"] == "1" and s["why"] == "rate_limited" and float(s["exhaustedAt"]) == T0 + 1
+    assert s["slow"] == "0"
+
+
+def test_decrease_never_below_one(redis_client):
+    a = adm(redis_client, pol=policy({"a": {"floor": 0, "weight": 1, "priority": 1}}))
+    seat = Rounds(a).fill("a", 1)[0]
+    a.release(seat, outcome="round_cap", seconds=1, now=T0 + 1)
+    assert float(pool_state(redis_client)["est"]) == 1.0
+
+
+def test_once_per_burst_a_round_admitted_before_the_decrease_does_not_decrease_again(redis_client):
+    a, r, seats = measured(redis_client, 10)
+    out = a.release(seats[0], outcome="rate_limited", seconds=1, now=T0 + 2)
+    assert not out.decreased and est(redis_client) == pytest.approx(7.0)
+    # a round admitted after the decrease does decrease again
+    for s in seats[1:4]:
+        a.release(s, outcome="clean", seconds=1, now=T0 + 3)
+    fresh = r.ask("a", now=T0 + 4)
+    assert fresh.admitted
+    out = a.release(fresh.seat, outcome="rate_limited", seconds=1, now=T0 + 5)
+    assert out.decreased
+
+
+def test_stall_reported_mid_round_decreases_and_the_seat_stays(redis_client):
+    a = adm(redis_client, pol=policy({"a": {"floor": 0, "weight": 1, "priority": 1}}, seed_estimate=6))
+    seats = Rounds(a).fill("a", 6)
+    rep = a.report(seats[0], signal="stall", now=T0 + 1200)
+    assert rep.status == Status.REPORTED and rep.decreased
+    s = pool_state(redis_client)
+    assert s["why"] == "stall" and float(s["cap"]) == 6 and s["running"] == "6"   # seat stays
+    assert a.report(seats[0], signal="round_cap", now=T0 + 1800).status == Status.ALREADY_REPORTED
+    out = a.release(seats[0], outcome="stall", seconds=1900, now=T0 + 1900)
+    assert not out.decreased                       # reported once, counted once
+
+
+@pytest.mark.parametrize("outcome", ["rate_limited", "stall", "round_cap"])
+def test_load_signals_rate_limit_stall_round_cap_decrease(redis_client, outcome):
+    a = adm(redis_client, pol=policy({"a": {"floor": 0, "weight": 1, "priority": 1}}, seed_estimate=5))
+    seats = Rounds(a).fill("a", 5)
+    assert a.release(seats[0], outcome=outcome, seconds=1, now=T0 + 1).decreased
+
+
+def test_other_errors_count_a_failure_only(redis_client):
+    a = adm(redis_client, pol=policy({"a": {"floor": 0, "weight": 1, "priority": 1}}, seed_estimate=5))
+    seats = Rounds(a).fill("a", 5)
+    out = a.release(seats[0], outcome="error", seconds=1, now=T0 + 1)
+    s = pool_state(redis_client)
+    assert not out.decreased and float(s["fail"]) == 1 and s.get("exhausted", "0") == "0"
+
+
+def test_signals_success_failure_counts_halve_past_200(redis_client):
+    a = adm(redis_client, pol=policy({"a": {"floor": 0, "weight": 1, "priority": 1}}, seed_estimate=1, max_estimate=1))
+    for i in range(201):
+        d = a.try_admit(lane="a", model=POOL, round_id=f"x{i}", now=T0, draw=0.0)
+        a.release(d.seat, outcome="clean" if i % 4 else "error", seconds=1, now=T0)
+    s = pool_state(redis_client)
+    total = float(s["succ"]) + float(s["fail"])
+    assert total <= 200 and total == pytest.approx(201 / 2, abs=1)
+
+
+def test_signals_mean_seconds_and_mean_cost_are_ewma(redis_client):
+    a = adm(redis_client, pol=policy({"a": {"floor": 0, "weight": 1, "priority": 1}}, seed_estimate=1))
+    for secs, cost in ((10, 0.10), (20, 0.20)):
+        d = a.try_admit(lane="a", model=POOL, round_id=f"x{secs}", now=T0, draw=0.0)
+        a.release(d.seat, outcome="clean", seconds=secs, cost_usd=cost, now=T0)
+    row = a.census(now=T0)["pools"][0]
+    assert row["meanSeconds"] == pytest.approx(10 + 0.1 * (20 - 10))
+    assert row["meanCostUsd"] == pytest.approx(0.10 + 0.1 * (0.20 - 0.10))
