@@ -1,0 +1,127 @@
+"""The `admission` command: apply a policy, read the census, drive the clock, run the tools.
+
+    admission config apply deploy/policy.example.toml --url redis://127.0.0.1:6379/0 --mesh prod
+    admission census --url ... --mesh prod [--watch 2] [--json]
+    admission events --url ... --mesh prod [--count 20]
+    admission tick --url ... --mesh prod
+    admission simulate ... | admission demo ... | admission demo-pod ... | admission bench ...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import structlog
+
+from .client import Admission
+from .errors import AdmissionError, Unavailable
+from .view import render_census
+
+DELEGATED = {"simulate": "admission.sim.cli", "demo": "admission.demo", "bench": "admission.bench"}
+
+
+def _connect(args) -> Admission:
+    return Admission.from_url(args.url, mesh=args.mesh, pod=args.pod, background=False)
+
+
+def _conn_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="redis://127.0.0.1:6379/0", help="Redis URL (default %(default)s)")
+    p.add_argument("--mesh", default="prod", help="mesh name (default %(default)s)")
+    p.add_argument("--pod", default="cli", help=argparse.SUPPRESS)
+
+
+def cmd_config(args) -> int:
+    adm = _connect(args)
+    if args.action == "apply":
+        version = adm.apply_policy(args.file, expected_version=args.expect_version)
+        print(f"applied {args.file} to mesh {args.mesh}: version {version}")
+    else:
+        print(json.dumps(adm.policy(), indent=2))
+    return 0
+
+
+def cmd_census(args) -> int:
+    adm = _connect(args)
+    while True:
+        doc = adm.census()
+        out = json.dumps(doc, indent=2) if args.json else render_census(doc)
+        if args.watch:
+            sys.stdout.write("\x1b[2J\x1b[H" + out + "\n")
+            sys.stdout.flush()
+            time.sleep(args.watch)
+        else:
+            print(out)
+            return 0
+
+
+def cmd_events(args) -> int:
+    adm = _connect(args)
+    for event_id, fields in reversed(adm.redis.xrevrange(f"adm:{{{args.mesh}}}:events", count=args.count)):
+        f = {k.decode(): v.decode() for k, v in fields.items()}
+        print(event_id.decode(), " ".join(f"{k}={v}" for k, v in f.items()))
+    return 0
+
+
+def cmd_tick(args) -> int:
+    print(_connect(args).tick())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="admission", description="Shared admission for LLM agent rounds.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("config", help="apply or show the policy")
+    p.add_argument("action", choices=["apply", "show"])
+    p.add_argument("file", nargs="?", help="policy TOML (for apply)")
+    p.add_argument("--expect-version", type=int, default=None, help="compare-and-set on the current version")
+    _conn_args(p)
+    p.set_defaults(func=cmd_config)
+    p = sub.add_parser("census", help="print the census (read model)")
+    p.add_argument("--watch", type=float, default=0, help="redraw every N seconds")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    _conn_args(p)
+    p.set_defaults(func=cmd_census)
+    p = sub.add_parser("events", help="print the latest decisions and transitions")
+    p.add_argument("--count", type=int, default=20)
+    _conn_args(p)
+    p.set_defaults(func=cmd_events)
+    p = sub.add_parser("tick", help="run the pool clock once")
+    _conn_args(p)
+    p.set_defaults(func=cmd_tick)
+    for name, module in DELEGATED.items():
+        sub.add_parser(name, help=f"see `admission {name} --help`", add_help=False)
+    sub.add_parser("demo-pod", help="one demo pod (docker-compose)", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        import importlib
+
+        return importlib.import_module(DELEGATED[argv[0]]).main(argv[1:]) or 0
+    if argv and argv[0] == "demo-pod":
+        from .demo import pod_cli
+
+        return pod_cli(argv[1:]) or 0
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings and up
+    args = build_parser().parse_args(argv)
+    if args.command == "config" and args.action == "apply" and not args.file:
+        print("admission config apply: FILE is required", file=sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except Unavailable as exc:
+        print(f"admission: Redis unreachable at {args.url}: {exc}", file=sys.stderr)
+        return 3
+    except AdmissionError as exc:
+        print(f"admission: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The asyncio client shares the sync client's core: same scripts, same decisions."""
+from __future__ import annotations
+
+import asyncio
+
+import fakeredis
+import pytest
+import redis.asyncio as aredis
+
+from admission import AsyncAdmission, Status, WaitTimeout
+
+from helpers import POOL, T0, policy
+
+ONE_LANE = {"x": {"floor": 0, "weight": 1, "priority": 1}}
+
+
+@pytest.fixture
+def async_client_factory(engine, server_pool):
+    if engine == "fakeredis":
+        server = fakeredis.FakeServer()
+        return lambda: fakeredis.FakeAsyncRedis(server=server)
+    srv = server_pool.get(engine)
+    srv.client().flushall()
+    return lambda: aredis.Redis.from_url(srv.url)
+
+
+def test_async_admit_release_census_plan(async_client_factory):
+    async def main():
+        a = AsyncAdmission(async_client_factory(), mesh="t", pod="p", background=False)
+        assert await a.apply_policy(policy(ONE_LANE)) == 1
+        d1 = await a.try_admit(lane="x", model=POOL, round_id="r1", now=T0, draw=0.0)
+        d2 = await a.try_admit(lane="x", model=POOL, round_id="r2", now=T0, draw=0.0)
+        d3 = await a.try_admit(lane="x", model=POOL, round_id="r3", now=T0, draw=0.0)
+        assert (d1.reason, d2.reason, d3.reason) == ("borrowed", "borrowed", "full")
+        rel = await a.release(d1.seat, outcome="rate_limited", seconds=1, now=T0 + 1)
+        assert rel.status == Status.RELEASED and rel.decreased
+        census = await a.census(now=T0 + 1)
+        assert census["pools"][0]["carryingCapacity"] == 2
+        assert await a.plan(lane="x", model=POOL, wanted=5, now=T0 + 1) == 0   # 1 running of 1.4
+        assert await a.allowance(lane="x", now=T0 + 1) == 0
+        await a.release(d2.seat, outcome="clean", seconds=1, now=T0 + 2)
+        assert await a.plan(lane="x", model=POOL, wanted=5, now=T0 + 2) == 1
+    asyncio.run(main())
+
+
+def test_async_round_waits_and_is_woken(async_client_factory):
+    async def main():
+        holder = AsyncAdmission(async_client_factory(), mesh="t", pod="a", background=False)
+        await holder.apply_policy(policy(ONE_LANE, grow_interval=60, max_estimate=2))
+        seats = [(await holder.try_admit(lane="x", model=POOL, round_id=f"h{i}")).seat for i in range(2)]
+        waiter = AsyncAdmission(async_client_factory(), mesh="t", pod="b")
+
+        async def work():
+            async with waiter.round(lane="x", model=POOL, round_id="w1", timeout=20) as r:
+                return r.pool
+
+        task = asyncio.create_task(work())
+        await asyncio.sleep(1.0)
+        assert not task.done()
+        await holder.release(seats[0], outcome="clean", seconds=1)
+        assert await asyncio.wait_for(task, 10) == POOL
+        await waiter.close()
+    asyncio.run(main())
+
+
+def test_async_wait_timeout_removes_the_ticket(async_client_factory):
+    async def main():
+        client = async_client_factory()
+        a = AsyncAdmission(client, mesh="t", pod="a", background=False)
+        await a.apply_policy(policy(ONE_LANE, grow_interval=0.2))
+        for i in range(2):
+            await a.try_admit(lane="x", model=POOL, round_id=f"h{i}")
+        with pytest.raises(WaitTimeout):
+            async with a.round(lane="x", model=POOL, round_id="w", timeout=0.5):
+                pass
+        assert await client.zcard("adm:{t}:wait:m@p:x") == 0
+    asyncio.run(main())

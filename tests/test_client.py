@@ -1,0 +1,185 @@
+"""The client a pod's worker calls: round(), waiting and wake-ups, leases, idempotency, fail-fast."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from admission import Admission, Status, UNAVAILABLE, WaitTimeout
+from admission.servers import free_port
+
+from helpers import POOL, T0, Rounds, adm, policy, pool_state, snapshot
+
+ONE_LANE = {"x": {"floor": 0, "weight": 1, "priority": 1}}
+
+
+class RateLimited(Exception):
+    status_code = 429
+
+
+def test_round_admits_and_releases_clean_on_exit(redis_client):
+    a = adm(redis_client, pol=policy(ONE_LANE))
+    with a.round(lane="x", model=POOL, round_id="r1") as r:
+        assert r.seat.pool == POOL and pool_state(redis_client)["running"] == "1"
+        r.cost_usd = 0.25
+    s = pool_state(redis_client)
+    assert s["running"] == "0" and float(s["succ"]) == 1 and float(s["meanCost"]) == 250_000
+
+
+def test_round_classifies_the_exception_a_429_is_load(redis_client):
+    a = adm(redis_client, pol=policy(ONE_LANE, seed_estimate=4))
+    with pytest.raises(RateLimited):
+        with a.round(lane="x", model=POOL, round_id="r1"):
+            raise RateLimited("429 Too Many Requests")
+    s = pool_state(redis_client)
+    assert s["running"] == "0" and s["why"] == "rate_limited" and s["exhausted"] == "1"
+
+
+def test_round_other_exceptions_count_a_failure(redis_client):
+    a = adm(redis_client, pol=policy(ONE_LANE))
+    with pytest.raises(KeyError):
+        with a.round(lane="x", model=POOL, round_id="r1"):
+            raise KeyError("boom")
+    s = pool_state(redis_client)
+    assert float(s["fail"]) == 1 and s.get("exhausted", "0") == "0"
+
+
+def test_a_refused_round_waits_and_is_woken_by_a_release(redis_client):
+    pol = policy(ONE_LANE, grow_interval=60, max_estimate=2)   # no growth; the clock alone: a minute
+    holder = adm(redis_client, pod="pod-a", pol=pol)
+    seats = [holder.try_admit(lane="x", model=POOL, round_id=f"h{i}").seat for i in range(2)]
+    waiter = Admission(redis_client, mesh="t", pod="pod-b")
+    got = {}
+
+    def run():
+        with waiter.round(lane="x", model=POOL, round_id="w1", timeout=30) as r:
+            got["at"] = time.monotonic()
+            got["pool"] = r.pool
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 10
+    while redis_client.zcard("adm:{t}:wait:m@p:x") == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert redis_client.zcard("adm:{t}:wait:m@p:x") == 1   # it waits as a waiter
+    time.sleep(0.6)                                         # let the pod subscribe
+    released = time.monotonic()
+    holder.release(seats[0], outcome="clean", seconds=1)
+    t.join(timeout=20)
+    waiter.close()
+    assert got.get("pool") == POOL
+    assert 0 <= got["at"] - released < 5                    # woken by the release, not the 60 s clock
+
+
+def test_only_the_pods_oldest_waiter_per_lane_and_pool_re_asks(redis_client):
+    a = adm(redis_client, pol=policy(ONE_LANE))
+    Rounds(a).fill("x", 2)
+    assert not a.try_admit(lane="x", model=POOL, round_id="w1", wait=True).admitted
+    assert not a.try_admit(lane="x", model=POOL, round_id="w2", wait=True).admitted
+    book = a._book
+    assert book.is_oldest("x", POOL, "w1") and not book.is_oldest("x", POOL, "w2")
+    assert book.tickets() == ["w1", "w2"]
+
+
+def test_wait_timeout_raises_and_removes_the_ticket(redis_client):
+    a = adm(redis_client, pol=policy(ONE_LANE, grow_interval=0.2))
+    Rounds(a).fill("x", 2)
+    with pytest.raises(WaitTimeout, match="waited 0.5s"):
+        with a.round(lane="x", model=POOL, round_id="w1", timeout=0.5):
+            pass
+    assert redis_client.zcard("adm:{t}:wait:m@p:x") == 0
+    assert pool_state(redis_client)["waiting"] == "0"
+    a.close()
+
+
+def test_unreachable_redis_gives_a_shed_decision_fast():
+    a = Admission.from_url(f"redis://127.0.0.1:{free_port()}/0", mesh="t", pod="p", background=False)
+    started = time.monotonic()
+    d = a.try_admit(lane="x", model=POOL, round_id="r1")
+    assert not d.admitted and d.reason == UNAVAILABLE and d.seat is None
+    assert time.monotonic() - started < 1.5
+
+
+def test_a_killed_pods_seats_and_waiters_expire_and_the_counts_heal(redis_client):
+    a = adm(redis_client, pol=policy(ONE_LANE, lease_ttl=30))
+    Rounds(a).fill("x", 2)
+    a.try_admit(lane="x", model=POOL, round_id="w", now=T0, wait=True)
+    assert a.tick(now=T0 + 29).swept == 0
+    assert a.tick(now=T0 + 31).swept == 3
+    s = pool_state(redis_client)
+    assert (s["running"], s["waiting"]) == ("0", "0")
+    assert redis_client.zcard("adm:{t}:seats") == redis_client.zcard("adm:{t}:tickets") == 0
+
+
+def test_one_heartbeat_renews_every_lease_of_the_pod(redis_client):
+    a = adm(redis_client, pol=policy(ONE_LANE, lease_ttl=30))
+    Rounds(a).fill("x", 2)
+    a.try_admit(lane="x", model=POOL, round_id="w", now=T0, wait=True)
+    hb = a.heartbeat(now=T0 + 20)
+    assert hb.lease_until == T0 + 50 and hb.lost == [] and hb.reasserted == []
+    assert a.tick(now=T0 + 31).swept == 0
+    assert a.tick(now=T0 + 51).swept == 3
+
+
+def test_the_sweep_is_bounded_per_call(redis_client):
+    a = adm(redis_client, pol=policy(ONE_LANE, lease_ttl=30, seed_estimate=300))
+    Rounds(a).fill("x", 250)
+    assert a.tick(now=T0 + 31).swept == 100
+    assert a.tick(now=T0 + 32).swept == 100
+    assert a.tick(now=T0 + 33).swept == 50
+    assert pool_state(redis_client)["running"] == "0"
+
+
+def test_heartbeat_re_asserts_seats_the_server_lost(redis_client):
+    pol = policy(ONE_LANE)
+    a = adm(redis_client, pol=pol)
+    seat = Rounds(a).fill("x", 1)[0]
+    redis_client.flushall()                         # a restart without persistence
+    a.apply_policy(pol)
+    hb = a.heartbeat(now=T0 + 5)
+    assert hb.reasserted == [seat.id]
+    assert pool_state(redis_client)["running"] == "1"
+    assert a.release(seat, outcome="clean", seconds=1, now=T0 + 6).status == Status.RELEASED
+
+
+def test_release_retried_after_a_lost_reply_counts_once(redis_client):
+    a = adm(redis_client, pol=policy(ONE_LANE))
+    seat = Rounds(a).fill("x", 1)[0]
+    assert a.release(seat, outcome="clean", seconds=1, cost_usd=0.1, now=T0).status == Status.RELEASED
+    before = snapshot(redis_client)
+    assert a.release(seat, outcome="clean", seconds=1, cost_usd=0.1, now=T0).status == Status.ALREADY_RELEASED
+    assert snapshot(redis_client) == before
+
+
+def test_release_after_the_lease_expired_counts_the_outcome_once(redis_client):
+    a = adm(redis_client, pol=policy(ONE_LANE, lease_ttl=30))
+    seat = Rounds(a).fill("x", 1)[0]
+    a.tick(now=T0 + 31)                            # swept: the pod looked dead
+    out = a.release(seat, outcome="clean", seconds=40, now=T0 + 40)
+    assert out.status == Status.EXPIRED
+    assert a.release(seat, outcome="clean", seconds=40, now=T0 + 40).status == Status.ALREADY_RELEASED
+    s = pool_state(redis_client)
+    assert float(s["succ"]) == 1 and s["running"] == "0"
+
+
+def test_tick_is_idempotent_one_growth_step_per_interval_across_pods(redis_client):
+    a = adm(redis_client, pol=policy(ONE_LANE))
+    b = adm(redis_client, pod="pod-b", apply=False)
+    Rounds(a).fill("x", 2)
+    assert a.tick(now=T0 + 15).grew == {POOL: 4.0}
+    assert b.tick(now=T0 + 15).grew == {}
+    assert b.tick(now=T0 + 16).grew == {}
+    assert float(pool_state(redis_client)["est"]) == 4.0
+
+
+def test_the_watchdog_reports_a_stall_while_the_round_goes_on(redis_client):
+    a = adm(redis_client, pol=policy(ONE_LANE, stall_after=1, seed_estimate=3, lease_ttl=3))
+    with a.round(lane="x", model=POOL, round_id="slow") as r:
+        a._book.seats[r.seat.id].started -= 2        # the round has run past its stall threshold
+        a.tunables()                                 # what the clock reads before its watchdog
+        a._watchdog()
+        s = pool_state(redis_client)
+        assert s["why"] == "stall" and s["running"] == "1"
+    assert pool_state(redis_client)["running"] == "0"
+    a.close()

@@ -1,0 +1,51 @@
+"""Reply codes are defined once (lua/include/codes.lua); Python's mirror must agree with the file
+and with what a server running the scripts returns."""
+from __future__ import annotations
+
+import re
+
+from admission import ADMIT_REASONS, REFUSE_REASONS, Status
+from admission._paths import lua_dir
+from admission.codes import ERRORS
+from admission.errors import _BY_PREFIX
+from admission.scripts import COMMANDS, source
+
+
+def lua_tables() -> tuple[dict[str, int], dict[str, str]]:
+    text = (lua_dir() / "include" / "codes.lua").read_text()
+    status = dict((k, int(v)) for k, v in re.findall(r"^\s*(\w+) = (\d+),", text, re.M))
+    errors = dict(re.findall(r"^\s*(\w+) = '(ADM_\w+)',", text, re.M))
+    return status, errors
+
+
+def test_status_codes_match_the_lua_file():
+    status, _ = lua_tables()
+    assert status == {s.name: s.value for s in Status}
+
+
+def test_error_prefixes_match_the_lua_file_and_each_maps_to_an_exception():
+    _, errors = lua_tables()
+    assert errors == ERRORS
+    assert set(_BY_PREFIX) == set(ERRORS.values())
+
+
+def test_the_server_agrees_with_python(redis_client):
+    # run the codes include on the engine itself and read the tables back
+    script = source("admit").split("-- <<< include codes")[0] + \
+        "\nlocal out = {}\nfor k, v in pairs(STATUS) do out[#out + 1] = k .. '=' .. v end\n" \
+        "for k, v in pairs(ERR) do out[#out + 1] = k .. '=' .. v end\nreturn out"
+    got = dict(x.decode().split("=") for x in redis_client.eval(script, 1, "adm:{t}:config"))
+    assert {k: int(v) for k, v in got.items() if k in Status.__members__} == {s.name: s.value for s in Status}
+    assert {k: v for k, v in got.items() if k not in Status.__members__} == ERRORS
+
+
+def test_every_reason_word_is_produced_by_the_lua():
+    lua = "".join(source(c) for c in COMMANDS)
+    for word in ADMIT_REASONS + REFUSE_REASONS:
+        assert f"'{word}'" in lua, word
+
+
+def test_every_script_has_a_header_listing_keys_argv_and_reply():
+    for name in COMMANDS:
+        head = (lua_dir() / f"{name}.lua").read_text().split("]]")[0]
+        assert "KEYS[1]" in head and "ARGV[1]" in head and "Reply:" in head, name
