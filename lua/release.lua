@@ -49,7 +49,7 @@ return run(function()
     -- expired under a live round (a slow heartbeat): the counts were healed by the sweep; the
     -- round still ran, so count what it saw, once
     local p = load_pool(cfg.T, gone.pool)
-    local decreased = apply_outcome(cfg, p, gone.lane, now, outcome, seconds, cost, seq, false)
+    local decreased = apply_outcome(cfg, p, gone.lane, now, outcome, seconds, cost, seq)
     redis.call('SET', key('gone', id), table.concat({'released', gone.seq, gone.pod, gone.pool, gone.lane}, '|'),
       'KEEPTTL')
     return {STATUS.EXPIRED, gone.pool, decreased and 1 or 0, fmt(p.est)}
@@ -59,7 +59,7 @@ return run(function()
   end
 
   local p = load_pool(cfg.T, s.pool)
-  local decreased = apply_outcome(cfg, p, s.lane, now, outcome, seconds, cost, seq, s.signalled ~= '')
+  local decreased = apply_outcome(cfg, p, s.lane, now, outcome, seconds, cost, seq)
   drop_seat(id, s, 'released')
   wake(s.pool)
   event('released', 'round', id, 'pool', s.pool, 'lane', s.lane, 'outcome', outcome, 'seconds', fmt(seconds))

@@ -112,6 +112,14 @@ def test_a_killed_pods_seats_and_waiters_expire_and_the_counts_heal(redis_client
     assert redis_client.zcard("adm:{t}:seats") == redis_client.zcard("adm:{t}:tickets") == 0
 
 
+def test_admit_sweeps_expired_leases_before_deciding(redis_client):
+    a = adm(redis_client, pol=policy(ONE_LANE, lease_ttl=30, max_estimate=2))
+    Rounds(a).fill("x", 2)                          # pod-a dies holding the whole pool
+    b = adm(redis_client, pod="pod-b", apply=False)
+    d = b.try_admit(lane="x", model=POOL, round_id="b1", now=T0 + 31, draw=0.0)
+    assert d.admitted and d.running == 1            # no tick yet: the admit swept pod-a's leases
+
+
 def test_one_heartbeat_renews_every_lease_of_the_pod(redis_client):
     a = adm(redis_client, pol=policy(ONE_LANE, lease_ttl=30))
     Rounds(a).fill("x", 2)

@@ -53,8 +53,8 @@ def test_slow_start_doubles_once_per_grow_interval_up_to_max(redis_client):
     r = Rounds(a)
     r.fill("a", 2)                                  # full: demand
     assert a.tick(now=T0 + 15).grew == {POOL: 4.0}
-    assert a.tick(now=T0 + 20).grew == {}           # within the interval
-    r.fill("a", 2)                                  # full again at 4
+    r.fill("a", 2)                                  # full again at 4: demand
+    assert a.tick(now=T0 + 20).grew == {}           # but within the interval
     assert a.tick(now=T0 + 30).grew == {POOL: 8.0}
     r.fill("a", 4)
     assert a.tick(now=T0 + 45).grew == {POOL: 10.0}  # capped by max_estimate

@@ -161,7 +161,9 @@ def test_fair_share_ties_go_to_the_higher_priority(redis_client, y_priority, ref
 def test_probability_certain_while_at_least_high_free_is_free(redis_client):
     a = adm(redis_client, pol=policy({"x": {"floor": 0, "weight": 1, "priority": 1}}, seed_estimate=10))
     r = Rounds(a)
-    r.fill("x", 7)                                   # φ = 0.3
+    r.fill("x", 5)                                   # φ = 0.5
+    assert r.ask("x", draw=0.999999).admitted
+    r.fill("x", 1)                                   # φ = 0.3
     assert r.ask("x", draw=0.999999).admitted
 
 

@@ -14,12 +14,13 @@ local function load_signal(T, p, now, why, seq)
   return decreased
 end
 
--- The end of a round: its outcome, duration and price. `signalled` when the round's watchdog
--- already reported its load signal mid-round (the decrease is not applied twice). Spend is kept
--- per lane per provider per UTC day. Returns true when the estimate decreased.
-local function apply_outcome(cfg, p, lane, now, outcome, seconds, cost_micro, seq, signalled)
+-- The end of a round: its outcome, duration and price. A load signal the round's watchdog
+-- already reported mid-round is not applied twice: that report moved holdSeq to or past the
+-- seat's seq, so once-per-burst holds it. Spend is kept per lane per provider per UTC day.
+-- Returns true when the estimate decreased.
+local function apply_outcome(cfg, p, lane, now, outcome, seconds, cost_micro, seq)
   local decreased = false
-  if LOAD[outcome] and not signalled then decreased = load_signal(cfg.T, p, now, outcome, seq) end
+  if LOAD[outcome] then decreased = load_signal(cfg.T, p, now, outcome, seq) end
   if outcome == 'clean' then
     p.meanSec = ewma(p.meanSec, p.succ, seconds)
     p.clean = p.clean + 1
