@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
@@ -18,13 +17,11 @@ import redis
 import redis.asyncio as aredis
 import structlog
 
-from . import policy as policy_mod
+from .base import ClientBase
 from .classify import outcome_of
 from .client import Round, fail_fast_options, policy_of
 from .core import UNREACHABLE, Call, Core, Decision, Released, Seat, Tick
 from .errors import Unavailable, WaitTimeout
-from .scripts import register
-from .waiting import Book
 
 log = structlog.get_logger("admission")
 
@@ -34,21 +31,14 @@ class AsyncRound(Round):
         return await self._adm.report(self.seat, signal=signal)
 
 
-class AsyncAdmission:
+class AsyncAdmission(ClientBase):
     """One pod's handle on one mesh, for asyncio workers."""
 
     def __init__(self, client: aredis.Redis, *, mesh: str, pod: str, background: bool = True,
                  seed: int | None = None):
-        self.redis = client
-        self.core = Core(mesh, pod, seed)
-        self.mesh, self.pod = mesh, pod
-        self.background = background
-        self._scripts = register(client)
-        self._book = Book()
+        super().__init__(client, mesh=mesh, pod=pod, background=background, seed=seed)
         self._cond = asyncio.Condition()
         self._task: asyncio.Task | None = None
-        self._tunables: dict[str, float] = {k: v[0] for k, v in policy_mod.TUNABLES.items()}
-        self._tunables_version = -1
 
     @classmethod
     def from_url(cls, url: str, *, mesh: str, pod: str, **kwargs: Any) -> "AsyncAdmission":
@@ -71,14 +61,10 @@ class AsyncAdmission:
         return await self._exec_or_raise(self.core.apply(policy_of(policy), expected_version))
 
     async def policy(self) -> dict[str, Any]:
-        version, raw = await self.redis.hmget(self.core.config_key, "version", "policy")
-        return {"version": int(version or 0), **(json.loads(raw) if raw else {})}
+        return self._policy_of(await self.redis.hmget(self.core.config_key, "version", "policy"))
 
     async def tunables(self) -> dict[str, float]:
-        version, raw = await self.redis.hmget(self.core.config_key, "version", "tunables")
-        if raw and int(version) != self._tunables_version:
-            self._tunables, self._tunables_version = json.loads(raw), int(version)
-        return self._tunables
+        return self._note_tunables(*await self.redis.hmget(self.core.config_key, "version", "tunables"))
 
     async def try_admit(self, *, lane: str, model: str, round_id: str, agent: str | None = None,
                         now: float | None = None, draw: float | None = None, wait: bool = False,
@@ -90,12 +76,7 @@ class AsyncAdmission:
         except UNREACHABLE as exc:
             log.warning("admission_unavailable", round=round_id, error=str(exc))
             return self.core.unavailable(lane=lane, model=model, round_id=round_id)
-        if d.admitted:
-            self._book.hold(d.seat)
-            self._book.dequeue(lane, d.pool, round_id)
-        elif wait:
-            self._book.enqueue(lane, d.pool, round_id)
-        if self.background and (d.admitted or wait):
+        if self._note_decision(d, lane, wait):
             self._ensure_clock()
         return d
 
@@ -162,10 +143,7 @@ class AsyncAdmission:
 
     async def heartbeat(self, now: float | None = None):
         seats = [h.seat for h in self._book.seats.values()]
-        hb = await self._exec_or_raise(self.core.heartbeat(seats, self._book.tickets(), now))
-        for seat_id in hb.lost:
-            self._book.drop(seat_id)
-        return hb
+        return self._note_heartbeat(await self._exec_or_raise(self.core.heartbeat(seats, self._book.tickets(), now)))
 
     async def tick(self, now: float | None = None) -> Tick:
         return await self._exec_or_raise(self.core.tick(now))

@@ -10,7 +10,6 @@ leases alive and wakes its waiters.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
 from pathlib import Path
@@ -23,10 +22,9 @@ from redis.retry import Retry
 
 from . import policy as policy_mod
 from .classify import outcome_of
+from .base import ClientBase
 from .core import UNREACHABLE, Call, Core, Decision, Released, Seat, Tick
 from .errors import Unavailable, WaitTimeout
-from .scripts import register
-from .waiting import Book
 
 log = structlog.get_logger("admission")
 
@@ -61,22 +59,15 @@ class Round:
         return self._adm.report(self.seat, signal=signal)
 
 
-class Admission:
+class Admission(ClientBase):
     """One pod's handle on one mesh."""
 
     def __init__(self, client: redis.Redis, *, mesh: str, pod: str, background: bool = True,
                  seed: int | None = None):
-        self.redis = client
-        self.core = Core(mesh, pod, seed)
-        self.mesh, self.pod = mesh, pod
-        self.background = background
-        self._scripts = register(client)
-        self._book = Book()
+        super().__init__(client, mesh=mesh, pod=pod, background=background, seed=seed)
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._tunables: dict[str, float] = dict((k, v[0]) for k, v in policy_mod.TUNABLES.items())
-        self._tunables_version = -1
 
     @classmethod
     def from_url(cls, url: str, *, mesh: str, pod: str, **kwargs: Any) -> "Admission":
@@ -105,15 +96,11 @@ class Admission:
         return version
 
     def policy(self) -> dict[str, Any]:
-        version, raw = self.redis.hmget(self.core.config_key, "version", "policy")
-        return {"version": int(version or 0), **(json.loads(raw) if raw else {})}
+        return self._policy_of(self.redis.hmget(self.core.config_key, "version", "policy"))
 
     def tunables(self) -> dict[str, float]:
         """The live tunables (re-read when the policy version changes)."""
-        version, raw = self.redis.hmget(self.core.config_key, "version", "tunables")
-        if raw and int(version) != self._tunables_version:
-            self._tunables, self._tunables_version = json.loads(raw), int(version)
-        return self._tunables
+        return self._note_tunables(*self.redis.hmget(self.core.config_key, "version", "tunables"))
 
     # -- one round -----------------------------------------------------------------------------
     def try_admit(self, *, lane: str, model: str, round_id: str, agent: str | None = None,
@@ -129,12 +116,8 @@ class Admission:
             log.warning("admission_unavailable", round=round_id, error=str(exc))
             return self.core.unavailable(lane=lane, model=model, round_id=round_id)
         with self._cond:
-            if d.admitted:
-                self._book.hold(d.seat)
-                self._book.dequeue(lane, d.pool, round_id)
-            elif wait:
-                self._book.enqueue(lane, d.pool, round_id)
-        if self.background and (d.admitted or wait):
+            clock = self._note_decision(d, lane, wait)
+        if clock:
             self._ensure_clock()
         return d
 
@@ -214,8 +197,7 @@ class Admission:
             tickets = self._book.tickets()
         hb = self._exec_or_raise(self.core.heartbeat(seats, tickets, now))
         with self._cond:
-            for seat_id in hb.lost:
-                self._book.drop(seat_id)
+            self._note_heartbeat(hb)
         if hb.lost or hb.reasserted or hb.lost_tickets:
             log.warning("heartbeat_repair", lost=hb.lost, reasserted=hb.reasserted, lost_tickets=hb.lost_tickets)
         return hb

@@ -25,9 +25,7 @@
 --@include "outcome"
 
 return run(function()
-  local id = check_name('seat id', ARGV[1])
-  local seq = check_num('seq', ARGV[2], nil, 1)
-  local pod = check_name('pod', ARGV[3])
+  local id, seq, pod = seat_args()
   local outcome = check_one_of('outcome', ARGV[4], OUTCOMES)
   local seconds = check_num('seconds', ARGV[5], 0, 0)
   local cost = nil
@@ -38,13 +36,10 @@ return run(function()
   local now = clock(ARGV[7])
   local cfg = load_config(nil)
 
-  local s = read_hash(key('seat', id))
+  local s = check_owner(id, read_hash(key('seat', id)), seq, pod)
   if not s then
-    local gone = read_gone(id)
+    local gone = check_owner(id, read_gone(id), seq, pod)
     if not gone then fail(ERR.UNKNOWN_SEAT, 'no seat ' .. id .. ' (never admitted, or gone for a day)') end
-    if gone.seq ~= seq or gone.pod ~= pod then
-      fail(ERR.NOT_YOUR_SEAT, 'seat ' .. id .. ' was held by pod ' .. gone.pod .. ' at seq ' .. gone.seq)
-    end
     if gone.state == 'released' then return {STATUS.ALREADY_RELEASED, gone.pool, 0, ''} end
     -- expired under a live round (a slow heartbeat): the counts were healed by the sweep; the
     -- round still ran, so count what it saw, once
@@ -53,9 +48,6 @@ return run(function()
     redis.call('SET', key('gone', id), table.concat({'released', gone.seq, gone.pod, gone.pool, gone.lane}, '|'),
       'KEEPTTL')
     return {STATUS.EXPIRED, gone.pool, decreased and 1 or 0, fmt(p.est)}
-  end
-  if s.pod ~= pod or tonumber(s.seq) ~= seq then
-    fail(ERR.NOT_YOUR_SEAT, 'seat ' .. id .. ' is held by pod ' .. s.pod .. ' at seq ' .. s.seq)
   end
 
   local p = load_pool(cfg.T, s.pool)

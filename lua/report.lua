@@ -22,17 +22,12 @@
 --@include "outcome"
 
 return run(function()
-  local id = check_name('seat id', ARGV[1])
-  local seq = check_num('seq', ARGV[2], nil, 1)
-  local pod = check_name('pod', ARGV[3])
+  local id, seq, pod = seat_args()
   local signal = check_one_of('signal', ARGV[4], LOAD)
   local now = clock(ARGV[5])
   local cfg = load_config(nil)
-  local s = read_hash(key('seat', id))
+  local s = check_owner(id, read_hash(key('seat', id)), seq, pod)
   if not s then fail(ERR.UNKNOWN_SEAT, 'no live seat ' .. id) end
-  if s.pod ~= pod or tonumber(s.seq) ~= seq then
-    fail(ERR.NOT_YOUR_SEAT, 'seat ' .. id .. ' is held by pod ' .. s.pod .. ' at seq ' .. s.seq)
-  end
   local p = load_pool(cfg.T, s.pool)
   if s.signalled ~= '' then return {STATUS.ALREADY_REPORTED, s.pool, 0, fmt(p.est)} end
   local decreased = load_signal(cfg.T, p, now, signal, seq)

@@ -43,6 +43,19 @@ local function read_gone(id)
   return {state = state, seq = tonumber(seq), pod = pod, pool = pool, lane = lane}
 end
 
+-- The seat a release or a report names in ARGV[1..3]: id, seq (the admission it was given), pod.
+local function seat_args()
+  return check_name('seat id', ARGV[1]), check_num('seq', ARGV[2], nil, 1), check_name('pod', ARGV[3])
+end
+
+-- A seat record (live, or its tombstone) must be this pod's, from this admission.
+local function check_owner(id, rec, seq, pod)
+  if rec and (rec.pod ~= pod or tonumber(rec.seq) ~= seq) then
+    fail(ERR.NOT_YOUR_SEAT, 'seat ' .. id .. ' is held by pod ' .. rec.pod .. ' at seq ' .. rec.seq)
+  end
+  return rec
+end
+
 local function add_ticket(pool, lane, id, pod, agent, since, lease_until)
   redis.call('HSET', key('ticket', id), 'lane', lane, 'pool', pool, 'pod', pod, 'agent', agent, 'since', fmt(since))
   redis.call('ZADD', key('tickets'), lease_until, id)

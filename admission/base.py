@@ -1,0 +1,48 @@
+"""What the sync and asyncio clients share besides the core: construction, the pod's book of
+seats and waiters, and the live tunables. Only I/O and waiting primitives differ between them."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import policy as policy_mod
+from .core import Core, Decision, Heartbeat
+from .scripts import register
+from .waiting import Book
+
+
+class ClientBase:
+    def __init__(self, client: Any, *, mesh: str, pod: str, background: bool = True, seed: int | None = None):
+        self.redis = client
+        self.core = Core(mesh, pod, seed)
+        self.mesh, self.pod = mesh, pod
+        self.background = background
+        self._scripts = register(client)
+        self._book = Book()
+        self._tunables: dict[str, float] = {k: v[0] for k, v in policy_mod.TUNABLES.items()}
+        self._tunables_version = -1
+
+    def _note_tunables(self, version: Any, raw: Any) -> dict[str, float]:
+        """Keep the live tunables; re-decoded only when the policy version changed."""
+        if raw and int(version) != self._tunables_version:
+            self._tunables, self._tunables_version = json.loads(raw), int(version)
+        return self._tunables
+
+    def _note_decision(self, d: Decision, lane: str, wait: bool) -> bool:
+        """Book an answer: a seat to keep alive, or a waiter to renew. True when the clock must run."""
+        if d.admitted:
+            self._book.hold(d.seat)
+            self._book.dequeue(lane, d.pool, d.round_id)
+        elif wait:
+            self._book.enqueue(lane, d.pool, d.round_id)
+        return self.background and (d.admitted or wait)
+
+    def _note_heartbeat(self, hb: Heartbeat) -> Heartbeat:
+        for seat_id in hb.lost:
+            self._book.drop(seat_id)
+        return hb
+
+    @staticmethod
+    def _policy_of(raw: Any) -> dict[str, Any]:
+        version, doc = raw
+        return {"version": int(version or 0), **(json.loads(doc) if doc else {})}
