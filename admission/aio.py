@@ -17,6 +17,7 @@ import redis
 import redis.asyncio as aredis
 import structlog
 
+from . import scripts
 from .base import ClientBase
 from .classify import outcome_of
 from .client import Round, fail_fast_options, policy_of
@@ -46,7 +47,7 @@ class AsyncAdmission(ClientBase):
 
     async def _exec(self, call: Call):
         try:
-            reply = await self._scripts[call.script](keys=call.keys, args=call.args)
+            reply = await scripts.acall(self.redis, call.script, call.keys, call.args)
         except redis.ResponseError as exc:
             raise Core.translate(exc) from None
         return call.decode(reply)
@@ -143,7 +144,11 @@ class AsyncAdmission(ClientBase):
 
     async def heartbeat(self, now: float | None = None):
         seats = [h.seat for h in self._book.seats.values()]
-        return self._note_heartbeat(await self._exec_or_raise(self.core.heartbeat(seats, self._book.tickets(), now)))
+        hb = await self._exec_or_raise(self.core.heartbeat(seats, self._book.tickets(), now))
+        lost = self._note_heartbeat(hb)
+        if lost or hb.reasserted or hb.lost_tickets:
+            log.warning("heartbeat_repair", lost=lost, reasserted=hb.reasserted, lost_tickets=hb.lost_tickets)
+        return hb
 
     async def tick(self, now: float | None = None) -> Tick:
         return await self._exec_or_raise(self.core.tick(now))

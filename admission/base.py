@@ -7,7 +7,6 @@ from typing import Any
 
 from . import policy as policy_mod
 from .core import Core, Decision, Heartbeat
-from .scripts import register
 from .waiting import Book
 
 
@@ -17,7 +16,6 @@ class ClientBase:
         self.core = Core(mesh, pod, seed)
         self.mesh, self.pod = mesh, pod
         self.background = background
-        self._scripts = register(client)
         self._book = Book()
         self._tunables: dict[str, float] = {k: v[0] for k, v in policy_mod.TUNABLES.items()}
         self._tunables_version = -1
@@ -34,13 +32,16 @@ class ClientBase:
             self._book.hold(d.seat)
             self._book.dequeue(lane, d.pool, d.round_id)
         elif wait:
-            self._book.enqueue(lane, d.pool, d.round_id)
+            self._book.enqueue(lane, d.pool, d.round_id, d.waiting_since)
         return self.background and (d.admitted or wait)
 
-    def _note_heartbeat(self, hb: Heartbeat) -> Heartbeat:
-        for seat_id in hb.lost:
+    def _note_heartbeat(self, hb: Heartbeat) -> list[str]:
+        """Drop the seats the server no longer has for this pod; returns those still held here
+        (a seat released while the heartbeat was in flight is not news)."""
+        lost = [seat_id for seat_id in hb.lost if seat_id in self._book.seats]
+        for seat_id in lost:
             self._book.drop(seat_id)
-        return hb
+        return lost
 
     @staticmethod
     def _policy_of(raw: Any) -> dict[str, Any]:

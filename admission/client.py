@@ -21,6 +21,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from . import policy as policy_mod
+from . import scripts
 from .classify import outcome_of
 from .base import ClientBase
 from .core import UNREACHABLE, Call, Core, Decision, Released, Seat, Tick
@@ -77,7 +78,7 @@ class Admission(ClientBase):
     # -- plumbing ------------------------------------------------------------------------------
     def _exec(self, call: Call):
         try:
-            reply = self._scripts[call.script](keys=call.keys, args=call.args)
+            reply = scripts.call(self.redis, call.script, call.keys, call.args)
         except redis.ResponseError as exc:
             raise Core.translate(exc) from None
         return call.decode(reply)
@@ -197,9 +198,9 @@ class Admission(ClientBase):
             tickets = self._book.tickets()
         hb = self._exec_or_raise(self.core.heartbeat(seats, tickets, now))
         with self._cond:
-            self._note_heartbeat(hb)
-        if hb.lost or hb.reasserted or hb.lost_tickets:
-            log.warning("heartbeat_repair", lost=hb.lost, reasserted=hb.reasserted, lost_tickets=hb.lost_tickets)
+            lost = self._note_heartbeat(hb)
+        if lost or hb.reasserted or hb.lost_tickets:
+            log.warning("heartbeat_repair", lost=lost, reasserted=hb.reasserted, lost_tickets=hb.lost_tickets)
         return hb
 
     def tick(self, now: float | None = None) -> Tick:

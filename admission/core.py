@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -46,6 +47,7 @@ class Decision:
     running: int = 0
     slots: int = 0
     config_version: int = 0
+    waiting_since: float | None = None  # refused: the waiter's place in its queue (enqueue time)
 
     def __bool__(self) -> bool:
         return self.admitted
@@ -154,10 +156,10 @@ class Core:
 
         def decode(r):
             status, reason, pool, rid, seq, lane_, est, running, slots, version, at = r
-            admitted = int(status) == Status.ADMITTED
-            seat = Seat(_s(rid), int(seq), _s(pool), _s(lane_), self.pod, float(_s(at))) if admitted else None
+            admitted, at = int(status) == Status.ADMITTED, float(_s(at))
+            seat = Seat(_s(rid), int(seq), _s(pool), _s(lane_), self.pod, at) if admitted else None
             return Decision(admitted, _s(reason), _s(rid), _s(lane_), _s(pool), seat, float(_s(est)),
-                            int(running), int(slots), int(version))
+                            int(running), int(slots), int(version), None if admitted else at)
 
         return self._call("admit", args, decode)
 
@@ -224,7 +226,8 @@ class Core:
         return self._call("plan", args, decode)
 
     def apply(self, policy: dict[str, Any], expected_version: int | None = None) -> Call:
-        args = ["" if expected_version is None else str(expected_version), json.dumps(policy)]
+        token = uuid.uuid4().hex  # a new policy is new to every cache, even after a wipe
+        args = ["" if expected_version is None else str(expected_version), json.dumps(policy), token]
         return self._call("apply_config", args, lambda r: int(r[1]))
 
     # -- errors ------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ TUNABLES: dict[str, tuple[float, type, float, float]] = {
     "probe_after": (4, int, 1, 1e6),
     "decrease_factor": (0.7, float, 0.0001, 0.9999),
     "high_free": (0.3, float, 0.0001, 1),
-    "lease_ttl": (30, float, 0.1, 86400),
+    "lease_ttl": (30, float, 0.1, 1e7),
     "stall_after": (1200, float, 1, 1e7),
     "round_cap": (1800, float, 1, 1e7),
     "starved_after": (900, float, 1, 1e7),

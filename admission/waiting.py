@@ -26,7 +26,7 @@ class Book:
 
     def __init__(self) -> None:
         self.seats: dict[str, Held] = {}
-        self.groups: dict[tuple[str, str], list[str]] = {}
+        self.groups: dict[tuple[str, str], dict[str, float]] = {}
 
     def hold(self, seat: Seat) -> Held:
         held = self.seats[seat.id] = Held(seat)
@@ -35,24 +35,26 @@ class Book:
     def drop(self, seat_id: str) -> None:
         self.seats.pop(seat_id, None)
 
-    def enqueue(self, lane: str, pool: str, round_id: str) -> None:
-        queue = self.groups.setdefault((lane, pool), [])
-        if round_id not in queue:
-            queue.append(round_id)
+    def enqueue(self, lane: str, pool: str, round_id: str, since: float | None = None) -> None:
+        """Queue a waiter at its place: the server's enqueue time (unknown yet: last)."""
+        queue = self.groups.setdefault((lane, pool), {})
+        if since is not None or round_id not in queue:
+            queue[round_id] = since if since is not None else float("inf")
 
     def dequeue(self, lane: str, pool: str, round_id: str) -> None:
-        queue = self.groups.get((lane, pool), [])
-        if round_id in queue:
-            queue.remove(round_id)
+        queue = self.groups.get((lane, pool), {})
+        queue.pop(round_id, None)
         if not queue:
             self.groups.pop((lane, pool), None)
 
     def is_oldest(self, lane: str, pool: str, round_id: str) -> bool:
+        """The server's order: oldest enqueue time first, ties by id."""
         queue = self.groups.get((lane, pool))
-        return bool(queue) and queue[0] == round_id
+        return bool(queue) and min(queue, key=lambda rid: (queue[rid], rid)) == round_id
 
     def tickets(self) -> list[str]:
-        return [rid for queue in self.groups.values() for rid in queue]
+        """Waiters whose ticket the server has confirmed (a first ask still in flight has none)."""
+        return [rid for queue in self.groups.values() for rid, since in queue.items() if since != float("inf")]
 
     def overdue(self, stall_after: float, round_cap: float) -> list[tuple[Held, str]]:
         """Seats past their stall threshold or round cap that have not reported it yet."""

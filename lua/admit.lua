@@ -13,7 +13,9 @@
   ARGV[9]  parent round id (may be empty)
   ARGV[10] revision (may be empty)
 
-  Reply: {status, reason, pool, seat id, seq, lane, est, running, slots, config version, now}
+  Reply: {status, reason, pool, seat id, seq, lane, est, running, slots, config version, at}
+    at: when admitted, the admission time; when refused, the waiter's enqueue time (its place in
+    the queue; `now` when it holds no ticket)
     status ADMITTED with reason within-floor | overdraft | borrowed | same-intent
     status REFUSED  with reason behind-older | reserved | fair-share | full | draw
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_LANE, ADM_UNKNOWN_POOL, ADM_NO_CONFIG
@@ -46,8 +48,8 @@ return run(function()
   local T = cfg.T
   -- validated: writes may start
 
-  local function reply(status, reason, seq, p)
-    return {status, reason, pool, id, seq, lane, fmt(p.est), p.running, slots(p), cfg.version, fmt(now)}
+  local function reply(status, reason, seq, p, at)
+    return {status, reason, pool, id, seq, lane, fmt(p.est), p.running, slots(p), cfg.version, fmt(at)}
   end
 
   sweep(now, SWEEP_PER_ADMIT)
@@ -88,17 +90,17 @@ return run(function()
     redis.call('DEL', key('gone', id))
     p.running = p.running + 1
     event('admitted', 'round', id, 'lane', lane, 'pool', pool, 'pod', pod, 'reason', reason)
-    return reply(STATUS.ADMITTED, reason, p.seq, p)
+    return reply(STATUS.ADMITTED, reason, p.seq, p, now)
   end
 
   redis.call('HSET', key('pool', pool), 'lastDemand', fmt(now))
-  if want_wait then
-    if ticket then
-      redis.call('ZADD', key('tickets'), now + T.lease_ttl, id)
-    else
-      add_ticket(pool, lane, id, pod, agent, now, now + T.lease_ttl)
-    end
+  local since = now
+  if ticket then
+    since = tonumber(ticket.since)
+    if want_wait then redis.call('ZADD', key('tickets'), now + T.lease_ttl, id) end
+  elseif want_wait then
+    since = add_ticket(pool, lane, id, pod, agent, now, now + T.lease_ttl)
   end
   event('refused', 'round', id, 'lane', lane, 'pool', pool, 'pod', pod, 'reason', reason)
-  return reply(STATUS.REFUSED, reason, 0, p)
+  return reply(STATUS.REFUSED, reason, 0, p, since)
 end)

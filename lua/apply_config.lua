@@ -7,6 +7,7 @@
   ARGV[1]  expected current version ('' = any; a mismatch is ADM_STALE_VERSION)
   ARGV[2]  policy JSON: {lanes: [{name, floor, weight, priority, reserve, pools?}],
              tunables: {name: number}, providers: {name: {...}}, pools: [{name, provider}], ...}
+  ARGV[3]  token: a unique id of this apply (the client draws it), so caches see a new policy
 
   Reply: {status, new version}
   Errors: ADM_BAD_POLICY, ADM_BAD_NAME, ADM_STALE_VERSION
@@ -20,6 +21,7 @@ local TUNABLES = {'seed_estimate', 'max_estimate', 'slow_start_factor', 'grow_in
   'probe_every', 'closed_for', 'aging_unit', 'cost_scale', 'health_max_age'}
 
 return run(function()
+  local token = check_name('token', ARGV[3])
   local ok, policy = pcall(cjson.decode, ARGV[2] or '')
   if not ok or type(policy) ~= 'table' then fail(ERR.BAD_POLICY, 'policy is not a JSON object') end
   local function need(cond, msg) if not cond then fail(ERR.BAD_POLICY, msg) end end
@@ -53,7 +55,7 @@ return run(function()
     if string.sub(f, 1, 5) == 'pool:' then stale[#stale + 1] = f end
   end
   if #stale > 0 then redis.call('HDEL', KEYS[1], unpack(stale)) end
-  local fields = {'version', current + 1, 'lanes', cjson.encode(policy.lanes),
+  local fields = {'version', current + 1, 'token', token, 'lanes', cjson.encode(policy.lanes),
     'tunables', cjson.encode(policy.tunables), 'pools', cjson.encode(names), 'policy', ARGV[2]}
   for _, p in ipairs(policy.pools) do
     fields[#fields + 1] = 'pool:' .. p.name

@@ -8,7 +8,7 @@ from admission import ADMIT_REASONS, REFUSE_REASONS, Status
 from admission._paths import lua_dir
 from admission.codes import ERRORS
 from admission.errors import _BY_PREFIX
-from admission.scripts import COMMANDS, source
+from admission.scripts import COMMANDS, library
 
 
 def lua_tables() -> tuple[dict[str, int], dict[str, str]]:
@@ -31,16 +31,16 @@ def test_error_prefixes_match_the_lua_file_and_each_maps_to_an_exception():
 
 def test_the_server_agrees_with_python(redis_client):
     # run the codes include on the engine itself and read the tables back
-    script = source("admit").split("-- <<< include codes")[0] + \
+    script = (lua_dir() / "include" / "codes.lua").read_text() + \
         "\nlocal out = {}\nfor k, v in pairs(STATUS) do out[#out + 1] = k .. '=' .. v end\n" \
         "for k, v in pairs(ERR) do out[#out + 1] = k .. '=' .. v end\nreturn out"
-    got = dict(x.decode().split("=") for x in redis_client.eval(script, 1, "adm:{t}:config"))
+    got = dict(x.decode().split("=") for x in redis_client.eval(script, 0))
     assert {k: int(v) for k, v in got.items() if k in Status.__members__} == {s.name: s.value for s in Status}
     assert {k: v for k, v in got.items() if k not in Status.__members__} == ERRORS
 
 
 def test_every_reason_word_is_produced_by_the_lua():
-    lua = "".join(source(c) for c in COMMANDS)
+    lua = library()[0]
     for word in ADMIT_REASONS + REFUSE_REASONS:
         assert f"'{word}'" in lua, word
 
@@ -49,3 +49,10 @@ def test_every_script_has_a_header_listing_keys_argv_and_reply():
     for name in COMMANDS:
         head = (lua_dir() / f"{name}.lua").read_text().split("]]")[0]
         assert "KEYS[1]" in head and "ARGV[1]" in head and "Reply:" in head, name
+
+
+def test_the_library_registers_one_function_per_command_with_a_versioned_name():
+    code, version = library()
+    assert code.startswith(f"#!lua name=admission_{version}")
+    for name in COMMANDS:
+        assert f"redis.register_function('adm_{name}_{version}'" in code

@@ -214,6 +214,19 @@ def test_oldest_first_a_newcomer_does_not_pass_the_older_waiters_of_its_lane(red
     assert r.ask("x", round_id="old", wait=True, now=T0 + 2).admitted
 
 
+def test_oldest_first_waiters_asking_at_the_same_moment_keep_their_order(redis_client):
+    a = adm(redis_client, pol=policy({"x": {"floor": 0, "weight": 1, "priority": 1}}))
+    r = Rounds(a)
+    seats = r.fill("x", 2)
+    first = r.ask("x", round_id="w-b", wait=True)          # same `now`, ids in reverse order
+    second = r.ask("x", round_id="w-a", wait=True)
+    assert first.waiting_since < second.waiting_since
+    assert a._book.is_oldest("x", POOL, "w-b")              # the pod agrees with the server
+    a.release(seats[0], outcome="clean", seconds=1, now=T0)
+    assert r.ask("x", round_id="w-a", wait=True).reason == "behind-older"
+    assert r.ask("x", round_id="w-b", wait=True).admitted
+
+
 def test_idle_lanes_lend_everything_a_single_lane_fills_the_pool(redis_client):
     a = adm(redis_client, pol=policy(seed_estimate=10))
     r = Rounds(a)

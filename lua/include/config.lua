@@ -5,17 +5,29 @@
 --   pools     JSON array of pool names (the catalog)
 --   pool:<p>  the provider of pool p (membership of the catalog in O(1))
 --   policy    the whole policy as JSON, for clients and the census
+--   token     a unique id of this apply (a new policy, even after a wipe, has a new token)
+--
+-- The library keeps the decoded policy per mesh across calls: a call reads the token (and the
+-- pool's provider) and decodes the policy again only when the token changed. State decides:
+-- the same hash gives the same policy, cached or not.
+local CONFIG_CACHE = {}
+
 local function load_config(pool)
-  local v = redis.call('HMGET', KEYS[1], 'version', 'lanes', 'tunables',
-    pool and ('pool:' .. pool) or 'version')
+  local v = redis.call('HMGET', KEYS[1], 'token', pool and ('pool:' .. pool) or 'token')
   if not v[1] then fail(ERR.NO_CONFIG, 'no policy applied to this mesh; run `admission config apply FILE`') end
-  local cfg = {version = tonumber(v[1]), lanes = cjson.decode(v[2]), T = cjson.decode(v[3]),
-    provider = v[4], lane = {}, max_weight = 0}
-  for _, l in ipairs(cfg.lanes) do
-    cfg.lane[l.name] = l
-    if l.weight > cfg.max_weight then cfg.max_weight = l.weight end
+  local c = CONFIG_CACHE[KEYS[1]]
+  if not c or c.token ~= v[1] then
+    local raw = redis.call('HMGET', KEYS[1], 'version', 'lanes', 'tunables')
+    c = {token = v[1], version = tonumber(raw[1]), lanes = cjson.decode(raw[2]), T = cjson.decode(raw[3]),
+      lane = {}, max_weight = 0}
+    for _, l in ipairs(c.lanes) do
+      c.lane[l.name] = l
+      if l.weight > c.max_weight then c.max_weight = l.weight end
+    end
+    CONFIG_CACHE[KEYS[1]] = c
   end
-  return cfg
+  return {version = c.version, lanes = c.lanes, T = c.T, lane = c.lane, max_weight = c.max_weight,
+    provider = pool and v[2] or nil}
 end
 
 local function check_lane(cfg, lane)

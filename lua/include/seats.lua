@@ -56,12 +56,19 @@ local function check_owner(id, rec, seq, pod)
   return rec
 end
 
-local function add_ticket(pool, lane, id, pod, agent, since, lease_until)
+-- A new waiter queues after every waiter already there, even at the same `now`: its enqueue
+-- time is nudged past the newest one, so the queue is first come, first served for every pod.
+-- Returns the enqueue time.
+local function add_ticket(pool, lane, id, pod, agent, now, lease_until)
+  local since = now
+  local newest = redis.call('ZRANGE', key('wait', pool, lane), -1, -1, 'WITHSCORES')[2]
+  if newest and tonumber(newest) >= since then since = tonumber(newest) + 1e-6 end
   redis.call('HSET', key('ticket', id), 'lane', lane, 'pool', pool, 'pod', pod, 'agent', agent, 'since', fmt(since))
   redis.call('ZADD', key('tickets'), lease_until, id)
   redis.call('ZADD', key('wait', pool, lane), since, id)
   redis.call('HINCRBY', key('lanes', pool), lane .. '|w', 1)
   redis.call('HINCRBY', key('pool', pool), 'waiting', 1)
+  return since
 end
 
 local function drop_ticket(id, t)

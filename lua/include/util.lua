@@ -1,10 +1,9 @@
--- Keys, clock and argument validation shared by every script.
+-- Keys, clock and argument validation shared by every command.
 -- KEYS[1] is always the mesh's config key `adm:{<mesh>}:config`; every other key is derived from it,
--- so all keys carry the mesh's hash tag and a Redis Cluster routes the script by KEYS[1].
-local PREFIX = string.sub(KEYS[1], 1, -7)
-if string.sub(KEYS[1], -7) ~= ':config' or not string.match(PREFIX, '^adm:{[^{}]+}:$') then
-  return redis.error_reply(ERR.BAD_ARG .. ' KEYS[1] must be adm:{<mesh>}:config')
-end
+-- so all keys carry the mesh's hash tag and a Redis Cluster routes the call by KEYS[1].
+-- The library binds KEYS, ARGV and PREFIX at the start of every call (see bind below).
+local KEYS, ARGV, PREFIX
+
 local function key(...)
   return PREFIX .. table.concat({...}, ':')
 end
@@ -80,7 +79,18 @@ local function utc_day(t)
   return string.format('%04d-%02d-%02d', y, m, d)
 end
 
--- Run the script body; a fail() anywhere becomes a clean error reply. Every body validates its
+-- Bind one call's keys and arguments; a malformed KEYS[1] is an error reply.
+local function bind(keys, args)
+  KEYS, ARGV = keys, args
+  local k = KEYS[1] or ''
+  PREFIX = string.sub(k, 1, -7)
+  if string.sub(k, -7) ~= ':config' or not string.match(PREFIX, '^adm:{[^{}]+}:$') then
+    return redis.error_reply(ERR.BAD_ARG .. ' KEYS[1] must be adm:{<mesh>}:config')
+  end
+  return nil
+end
+
+-- Run the command body; a fail() anywhere becomes a clean error reply. Every body validates its
 -- arguments before its first write, so an error reply means nothing changed.
 local function run(body)
   local ok, res = pcall(body)

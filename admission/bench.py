@@ -1,0 +1,530 @@
+"""The latency benchmark: ``python -m admission.bench`` (a benchmark, not a timed test).
+
+It starts its own throw-away server (``--engine redis`` by default, or ``valkey``), and for
+every case of a grid -- lanes in the policy x live seats held on the pool x waiter tickets on the
+pool -- it runs one loop in which each iteration times, side by side on the same connection:
+
+* **admit**   -- ``Admission.try_admit`` of a round that is admitted (the common path);
+* **release** -- ``Admission.release`` of that seat (clean, priced: the spend ledger is written);
+* **PING**    -- ``client.ping()``: the round trip of the cheapest command, the yardstick.
+
+So machine noise hits the three alike. Before each measured block ``CONFIG RESETSTAT`` clears
+the server's counters, and after it ``INFO commandstats`` gives the server's own microseconds per
+function call (``cmdstat_fcall`` usec_per_call: admit and release together, client and network
+excluded).
+
+How a case is built (fast: pipelined, never timed):
+
+* the policy has 1, 8 or 32 lanes (the seed's seven lanes, then filler lanes) on one pool, with a
+  large ``seed_estimate`` so every seat is admitted within its lane's floor, and day-long leases
+  so nothing expires while it runs;
+* ``seats`` rounds are admitted round-robin over the lanes by another pod;
+* ``waiters`` tickets are made in the measured lane: the estimate is briefly set to 1 so they
+  are refused (the first ``full``, the rest ``behind-older``), then set back. With waiters, each
+  iteration's admit is the lane's *oldest* waiter being admitted (as a woken waiter is), and
+  every 100 iterations 100 newcomers queue behind the others (untimed, and their script time is
+  taken out of the server figure): the lane always has between ``waiters`` and ``waiters`` + 100.
+* the seats of one (lanes, seats) pair are made once; its waiter cases run on them in turn.
+
+Targets (printed next to the figures): admit p50 within 1.5x PING p50; admit p50 flat in seats
+and waiters, i.e. within 1.25x of the case with the fewest seats and waiters of the same lanes.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import itertools
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator, Sequence
+
+import redis
+import structlog
+from tqdm import tqdm
+
+from .client import Admission, fail_fast_options
+from .core import Call, Core
+from . import scripts
+from .servers import ENGINES, LocalServer
+
+MESH = "bench"
+PROVIDER = "bench"
+POOL = f"sonnet@{PROVIDER}"
+MEASURED_LANE = "reviews"
+#: The estimate every case runs at: far above any seats + waiters, so every fill is admitted
+#: within its lane's floor and the measured admit takes the same path in every case.
+BIG_ESTIMATE = 200_000
+#: Day-long leases: nothing expires (and nothing is swept) while a case runs.
+LEASE_TTL = 86_400
+
+#: Targets printed next to the figures.
+TARGET_PING_RATIO = 1.5
+TARGET_FLAT_RATIO = 1.25
+
+#: The seed's lanes (deploy/policy.example.toml), the measured lane first.
+SEED_LANES: list[tuple[str, float, float, int]] = [
+    ("reviews", 0.30, 2, 40),
+    ("express", 0.10, 4, 70),
+    ("watchdog", 0.05, 2, 60),
+    ("babysitter", 0.05, 2, 50),
+    ("bugfix", 0.25, 1, 30),
+    ("triage", 0.10, 1, 20),
+    ("embeddings", 0.05, 1, 10),
+]
+
+DEFAULT = dict(lanes=[1, 8, 32], seats=[10, 1_000, 10_000], waiters=[0, 1_000], iterations=2_000)
+QUICK = dict(lanes=[1, 8], seats=[10, 1_000], waiters=[0, 100], iterations=300)
+PIPELINE_CHUNK = 1_000
+#: With waiters, newcomers are queued this many at a time (untimed, outside the server figures).
+REFILL = 100
+
+
+# --------------------------------------------------------------------------------------------
+# Policy
+
+
+def lanes_table(n: int) -> dict[str, dict[str, Any]]:
+    """``n`` lanes: the seed's (measured lane first), then ``batch-NN`` lanes sharing the floor
+    left; floors always sum to <= 1."""
+    if n < 1:
+        raise ValueError("a policy needs at least one lane")
+    seed = SEED_LANES[:n]
+    extra = n - len(seed)
+    left = max(0.0, 1.0 - sum(f for _, f, _, _ in seed))
+    table = {name: {"floor": floor, "weight": weight, "priority": prio} for name, floor, weight, prio in seed}
+    for i in range(extra):
+        table[f"batch-{i + 1:02d}"] = {"floor": round(left / extra, 9) if extra else 0.0,
+                                      "weight": 1, "priority": -(i + 1)}
+    return table
+
+
+def bench_policy(n_lanes: int, seed_estimate: float) -> dict[str, Any]:
+    return {
+        "tunables": {"seed_estimate": seed_estimate, "max_estimate": BIG_ESTIMATE,
+                     "lease_ttl": LEASE_TTL, "grow_interval": LEASE_TTL},
+        "lanes": lanes_table(n_lanes),
+        "providers": {PROVIDER: {}},
+        "pools": {POOL: {}},
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Figures
+
+
+def percentile(sorted_ns: Sequence[int], q: float) -> float:
+    """The q-quantile (nearest rank) of sorted nanoseconds, in microseconds."""
+    if not sorted_ns:
+        return float("nan")
+    i = min(len(sorted_ns) - 1, max(0, round(q * (len(sorted_ns) - 1))))
+    return sorted_ns[i] / 1_000
+
+
+@dataclass
+class Case:
+    lanes: int
+    seats: int
+    waiters: int
+    iterations: int = 0
+    admit_p50: float = 0.0
+    admit_p99: float = 0.0
+    release_p50: float = 0.0
+    release_p99: float = 0.0
+    ping_p50: float = 0.0
+    ping_p99: float = 0.0
+    admit_vs_ping: float = 0.0
+    server_usec_per_call: float = 0.0  # cmdstat_fcall: admit and release together
+    server_calls: int = 0
+    vs_smallest: float = 1.0  # admit p50 / admit p50 of the smallest case of the same lanes
+    setup_s: float = 0.0
+    measure_s: float = 0.0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"lanes={self.lanes} seats={self.seats} waiters={self.waiters}"
+
+
+# --------------------------------------------------------------------------------------------
+# Building a case
+
+
+def _run_pipelined(client: redis.Redis, calls: Iterator[Call], n: int, progress) -> list[Any]:
+    """Send ``n`` admit calls by FCALL in pipelined chunks; decoded replies."""
+    out: list[Any] = []
+    scripts.load(client)  # a pipeline cannot reload a missing library on the fly
+    for start in range(0, n, PIPELINE_CHUNK):
+        chunk = list(itertools.islice(calls, min(PIPELINE_CHUNK, n - start)))
+        with client.pipeline(transaction=False) as pipe:
+            for call in chunk:
+                scripts.pipe_call(pipe, call.script, call.keys, call.args)
+            replies = pipe.execute()
+        out += [call.decode(r) for call, r in zip(chunk, replies)]
+        progress.update(len(chunk))
+    return out
+
+
+@dataclass
+class Queue:
+    """The measured lane's waiters: ids w-<oldest> .. w-<next - 1>, oldest first."""
+
+    oldest: int = 0
+    next: int = 0
+
+    @property
+    def live(self) -> int:
+        return self.next - self.oldest
+
+
+def fill_seats(setup: redis.Redis, adm: Admission, lanes: int, seats: int, progress) -> None:
+    """Fresh state: the policy and ``seats`` live seats, round-robin over the lanes (the measured
+    lane first, so it holds at least one)."""
+    setup.flushall()
+    adm.apply_policy(bench_policy(lanes, BIG_ESTIMATE))
+    filler = Core(MESH, "filler", seed=0)
+    names = list(lanes_table(lanes))
+    fill = (filler.admit(lane=names[i % len(names)], model=POOL, round_id=f"s-{i}", draw=0.0, wait=False)
+            for i in range(seats))
+    refused = [d for d in _run_pipelined(setup, fill, seats, progress) if not d.admitted]
+    if refused:
+        raise RuntimeError(f"bench setup: {len(refused)} of {seats} seats refused (first: {refused[0].reason})")
+    _check_pool(setup, seats, 0)
+
+
+def add_waiters(setup: redis.Redis, adm: Admission, lanes: int, queue: Queue, count: int, progress) -> None:
+    """``count`` more waiter tickets in the measured lane. While the lane has none, the estimate
+    is set to 1 for a moment so the first newcomer is refused (``full``); the rest queue behind
+    it (``behind-older``)."""
+    if count <= 0:
+        return
+    filler = Core(MESH, "filler", seed=0)
+    small = queue.live == 0
+    if small:
+        adm.apply_policy(bench_policy(lanes, 1))
+    ask = (filler.admit(lane=MEASURED_LANE, model=POOL, round_id=f"w-{queue.next + i}", draw=0.0, wait=True)
+           for i in range(count))
+    admitted = [d for d in _run_pipelined(setup, ask, count, progress) if d.admitted]
+    if admitted:
+        raise RuntimeError(f"bench setup: {len(admitted)} of {count} waiters were admitted")
+    queue.next += count
+    if small:
+        adm.apply_policy(bench_policy(lanes, BIG_ESTIMATE))
+
+
+def _check_pool(setup: redis.Redis, running: int, waiting: int) -> None:
+    r, w = setup.hmget(f"adm:{{{MESH}}}:pool:{POOL}", "running", "waiting")
+    if int(r or 0) != running or int(w or 0) != waiting:
+        raise RuntimeError(f"bench setup: pool has running={r} waiting={w}, expected {running} and {waiting}")
+
+
+def _fcall_stats(client: redis.Redis) -> tuple[int, int]:
+    stats = client.info("commandstats").get("cmdstat_fcall", {})
+    return int(stats.get("calls", 0)), int(stats.get("usec", 0))
+
+
+# --------------------------------------------------------------------------------------------
+# Measuring a case
+
+
+def measure(setup: redis.Redis, adm: Admission, case: Case, queue: Queue, iterations: int, warmup: int,
+            progress) -> None:
+    """The timed loop: admit, release, PING per iteration. With waiters, each admit is the
+    lane's oldest waiter, and every REFILL iterations (untimed, and taken out of the server's
+    figures) REFILL newcomers queue behind the others, so the lane keeps >= case.waiters."""
+    client = adm.redis
+    perf = time.perf_counter_ns
+    admit_ns: list[int] = []
+    release_ns: list[int] = []
+    ping_ns: list[int] = []
+    reasons: dict[str, int] = {}
+    excluded = [0, 0]  # fcall calls, usec spent on refills
+    step = max(1, min(250, iterations // 20))
+    if case.waiters:
+        add_waiters(setup, adm, case.lanes, queue, case.waiters + REFILL - queue.live, progress)
+        _check_pool(setup, case.seats, queue.live)
+
+    def refill(timed: bool) -> None:
+        calls0, usec0 = _fcall_stats(setup) if timed else (0, 0)
+        add_waiters(setup, adm, case.lanes, queue, REFILL, _NoBar())
+        if timed:
+            calls1, usec1 = _fcall_stats(setup)
+            excluded[0] += calls1 - calls0
+            excluded[1] += usec1 - usec0
+
+    def one(i: int, keep: bool) -> None:
+        rid = f"w-{queue.oldest}" if case.waiters else f"m-{i}"
+        t0 = perf()
+        d = adm.try_admit(lane=MEASURED_LANE, model=POOL, round_id=rid)
+        t1 = perf()
+        if not d.admitted:
+            raise RuntimeError(f"bench {case.label}: measured round {rid} refused ({d.reason})")
+        adm.release(d.seat, outcome="clean", seconds=1.0, cost_usd=0.002)
+        t2 = perf()
+        client.ping()
+        t3 = perf()
+        if keep:
+            admit_ns.append(t1 - t0)
+            release_ns.append(t2 - t1)
+            ping_ns.append(t3 - t2)
+            reasons[d.reason] = reasons.get(d.reason, 0) + 1
+        if case.waiters:
+            queue.oldest += 1
+            if queue.live < case.waiters:
+                refill(timed=keep)
+
+    for i in range(warmup):  # scripts loaded, connection warm, caches hot
+        one(i, keep=False)
+    gc.collect()
+    client.config_resetstat()
+    started = time.perf_counter()
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        for i in range(warmup, warmup + iterations):
+            one(i, keep=True)
+            if (i - warmup + 1) % step == 0:
+                progress.update(step)
+    finally:
+        if gc_was:
+            gc.enable()
+    case.measure_s = time.perf_counter() - started
+    progress.update(iterations % step)
+    calls, usec = _fcall_stats(setup)
+    calls, usec = calls - excluded[0], usec - excluded[1]
+    admit_ns.sort()
+    release_ns.sort()
+    ping_ns.sort()
+    case.iterations = iterations
+    case.admit_p50, case.admit_p99 = percentile(admit_ns, 0.5), percentile(admit_ns, 0.99)
+    case.release_p50, case.release_p99 = percentile(release_ns, 0.5), percentile(release_ns, 0.99)
+    case.ping_p50, case.ping_p99 = percentile(ping_ns, 0.5), percentile(ping_ns, 0.99)
+    case.admit_vs_ping = case.admit_p50 / case.ping_p50 if case.ping_p50 else float("nan")
+    case.server_usec_per_call = usec / calls if calls else 0.0
+    case.server_calls = calls
+    case.reasons = reasons
+
+
+def empty_script_usec(client: redis.Redis, n: int = 1_000) -> float:
+    """The server's floor for any function call: FCALL of one returning 1, microseconds per call."""
+    client.function_load("#!lua name=adm_bench_empty\n"
+                         "redis.register_function('adm_bench_empty', function() return 1 end)", replace=True)
+    client.config_resetstat()
+    for _ in range(n):
+        client.fcall("adm_bench_empty", 0)
+    return float(client.info("commandstats").get("cmdstat_fcall", {}).get("usec_per_call", 0.0))
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+
+
+class _NoBar:
+    """Stands in for tqdm when there is no bar (a disabled tqdm still starts its monitor thread)."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _progress(total: int, progress: bool | None) -> Iterator[Any]:
+    """progress None: a bar when stderr is a terminal; True: always; False: never."""
+    if progress is False or (progress is None and not sys.stderr.isatty()):
+        yield _NoBar()
+        return
+    with tqdm(total=total, unit="call", desc="bench", dynamic_ncols=True, leave=False) as bar:
+        yield bar
+
+
+def run(engine: str, lanes: Sequence[int], seats: Sequence[int], waiters: Sequence[int], iterations: int,
+        warmup: int | None = None, progress: bool | None = None) -> dict[str, Any]:
+    """Run the whole grid against a fresh local server; the figures as a dict (also --json)."""
+    warmup = max(10, min(200, iterations // 10)) if warmup is None else warmup
+    if min(seats) < 1:
+        raise ValueError("seats must be >= 1 (the measured lane holds one while waiters are made)")
+    lanes, seats, waiters = sorted(set(lanes)), sorted(set(seats)), sorted(set(waiters))
+    grid = [Case(l, s, w) for l in lanes for s in seats for w in waiters]
+    total = sum(s for _ in lanes for s in seats) + sum(
+        (c.waiters + REFILL if c.waiters else 0) + iterations for c in grid)
+    started = time.perf_counter()
+    with LocalServer(engine) as srv, _progress(total, progress) as bar:
+        setup = redis.Redis.from_url(srv.url)
+        adm = Admission(redis.Redis.from_url(srv.url, **fail_fast_options()), mesh=MESH, pod="bench",
+                        background=False, seed=0)
+        try:
+            baseline = empty_script_usec(setup)
+            scripts.load(setup)  # functions survive FLUSHALL
+            # one fill of seats per (lanes, seats); its waiter cases run on it, fewest first
+            for (n_lanes, n_seats), cases in itertools.groupby(grid, key=lambda c: (c.lanes, c.seats)):
+                bar.set_postfix_str(f"lanes={n_lanes} seats={n_seats} setup")
+                t = time.perf_counter()
+                fill_seats(setup, adm, n_lanes, n_seats, bar)
+                fill_s = time.perf_counter() - t
+                queue = Queue()
+                for case in cases:
+                    bar.set_postfix_str(case.label + " measure")
+                    measure(setup, adm, case, queue, iterations, warmup, bar)
+                    case.setup_s = fill_s
+        finally:
+            adm.close()
+            adm.redis.close()
+            setup.close()
+        version = srv.version
+    for case in grid:
+        base = min((c for c in grid if c.lanes == case.lanes), key=lambda c: (c.seats, c.waiters))
+        case.vs_smallest = case.admit_p50 / base.admit_p50 if base.admit_p50 else float("nan")
+    return {
+        "engine": engine, "version": version, "python": platform.python_version(),
+        "machine": f"{platform.machine()} {os.cpu_count()} cpu", "platform": platform.platform(),
+        "iterations": iterations, "warmup": warmup, "empty_script_usec": baseline,
+        "grid": {"lanes": list(lanes), "seats": list(seats), "waiters": list(waiters)},
+        "targets": targets(grid), "elapsed_s": round(time.perf_counter() - started, 1),
+        "cases": [asdict(c) for c in grid],
+    }
+
+
+def targets(grid: list[Case]) -> dict[str, Any]:
+    ping = [c.admit_vs_ping for c in grid]
+    flat = [c.vs_smallest for c in grid]
+    by_lanes = {}
+    for c in grid:
+        by_lanes.setdefault(c.lanes, []).append(c.admit_p50)
+    smallest_lanes = min(by_lanes)
+    return {
+        "admit_vs_ping": {"target": TARGET_PING_RATIO, "met": sum(r <= TARGET_PING_RATIO for r in ping),
+                          "cases": len(grid), "min": min(ping), "max": max(ping)},
+        "flat_seats_waiters": {"target": TARGET_FLAT_RATIO, "met": sum(r <= TARGET_FLAT_RATIO for r in flat),
+                               "cases": len(grid), "max": max(flat)},
+        "lanes_median_admit_p50": {str(k): sorted(v)[len(v) // 2] for k, v in sorted(by_lanes.items())},
+        "lanes_vs_fewest": {str(k): sorted(v)[len(v) // 2] / (sorted(by_lanes[smallest_lanes])[
+            len(by_lanes[smallest_lanes]) // 2]) for k, v in sorted(by_lanes.items())},
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+
+COLUMNS = ("lanes", "seats", "waiters", "admit p50", "admit p99", "release p50", "release p99",
+           "PING p50", "PING p99", "admit/PING", "server µs/call", "vs smallest")
+
+
+def _row(c: dict[str, Any]) -> list[str]:
+    mark_ping = "✓" if c["admit_vs_ping"] <= TARGET_PING_RATIO else "✗"
+    mark_flat = "✓" if c["vs_smallest"] <= TARGET_FLAT_RATIO else "✗"
+    return [str(c["lanes"]), f"{c['seats']:,}", f"{c['waiters']:,}",
+            f"{c['admit_p50']:.0f}", f"{c['admit_p99']:.0f}", f"{c['release_p50']:.0f}", f"{c['release_p99']:.0f}",
+            f"{c['ping_p50']:.0f}", f"{c['ping_p99']:.0f}", f"{c['admit_vs_ping']:.2f}× {mark_ping}",
+            f"{c['server_usec_per_call']:.1f}", f"{c['vs_smallest']:.2f}× {mark_flat}"]
+
+
+def render(result: dict[str, Any], markdown: bool = False) -> str:
+    rows = [_row(c) for c in result["cases"]]
+    t = result["targets"]
+    head = (f"admission bench — {result['engine']} {result['version']}, Python {result['python']}, "
+            f"{result['machine']}; {result['iterations']:,} iterations per case "
+            f"(+{result['warmup']} warm-up); times in µs")
+    notes = [
+        f"server µs/call = INFO commandstats cmdstat_fcall usec_per_call over the block (admit and "
+        f"release together); an empty function (`return 1`) costs {result['empty_script_usec']:.1f} µs/call here",
+        f"target: admit p50 ≤ {TARGET_PING_RATIO}× PING p50 — met in {t['admit_vs_ping']['met']}/"
+        f"{t['admit_vs_ping']['cases']} cases (admit/PING {t['admit_vs_ping']['min']:.2f}–"
+        f"{t['admit_vs_ping']['max']:.2f}×)",
+        f"target: admit p50 flat in seats and waiters (≤ {TARGET_FLAT_RATIO}× the case with the fewest "
+        f"seats and waiters of the same lanes) — met in {t['flat_seats_waiters']['met']}/"
+        f"{t['flat_seats_waiters']['cases']} cases (worst {t['flat_seats_waiters']['max']:.2f}×)",
+        "lanes (median admit p50, vs the fewest lanes): " + ", ".join(
+            f"{k} lanes {v:.0f} µs ({t['lanes_vs_fewest'][k]:.2f}×)"
+            for k, v in t["lanes_median_admit_p50"].items()),
+        "with waiters the measured round is the lane's oldest waiter, so its admit also removes its "
+        "ticket (a few more commands than a newcomer's admit, none of them scanning the queue)",
+        f"whole run {result['elapsed_s']:.0f} s",
+    ]
+    if markdown:
+        out = [f"**{head}**", "", "| " + " | ".join(COLUMNS) + " |",
+               "|" + "|".join("---:" for _ in COLUMNS) + "|"]
+        out += ["| " + " | ".join(r) + " |" for r in rows]
+        out += [""] + [f"- {n}" for n in notes]
+        return "\n".join(out)
+    widths = [max(len(COLUMNS[i]), *(len(r[i]) for r in rows)) for i in range(len(COLUMNS))]
+    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    out = [head, "", line(COLUMNS), line(["-" * w for w in widths])]
+    out += [line(r) for r in rows]
+    out += [""] + notes
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers >= 0, got {text!r}")
+    return values
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m admission.bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", choices=ENGINES, default="redis", help="server to start (default redis)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"smaller run: lanes {QUICK['lanes']}, seats {QUICK['seats']}, waiters "
+                        f"{QUICK['waiters']}, {QUICK['iterations']} iterations")
+    p.add_argument("--lanes", type=_ints, help=f"lanes in the policy (default {DEFAULT['lanes']})")
+    p.add_argument("--seats", type=_ints, help=f"live seats held on the pool (default {DEFAULT['seats']})")
+    p.add_argument("--waiters", type=_ints, help=f"waiter tickets on the pool (default {DEFAULT['waiters']})")
+    p.add_argument("--iterations", type=int, help=f"timed iterations per case (default {DEFAULT['iterations']})")
+    p.add_argument("--json", metavar="FILE", help="also save the figures as JSON")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+@contextlib.contextmanager
+def quiet_logs(level: int = logging.WARNING) -> Iterator[None]:
+    """structlog at ``level`` and on stderr while the bench runs (stdout carries the table)."""
+    old = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level),
+                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    try:
+        yield
+    finally:
+        structlog.configure(**old)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    base = QUICK if args.quick else DEFAULT
+    lanes = args.lanes or base["lanes"]
+    if 0 in lanes:
+        parser().error("--lanes: a policy needs at least one lane")
+    if args.seats and min(args.seats) < 1:
+        parser().error("--seats: at least 1 (the measured lane holds a seat while waiters are made)")
+    if args.iterations is not None and args.iterations < 1:
+        parser().error("--iterations: at least 1")
+    iterations = args.iterations or base["iterations"]
+    with quiet_logs():
+        result = run(args.engine, lanes, args.seats or base["seats"], args.waiters or base["waiters"],
+                     iterations, progress=False if args.no_progress else None)
+    print(render(result, markdown=args.markdown), flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+            fh.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Smoke test of the benchmark (python -m admission.bench): it runs and prints its figures.
+
+Not a timing assertion: the figures depend on the machine; only their presence is checked.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from admission import bench
+from admission.servers import available_engines
+
+ENGINE = next(iter(available_engines()), None)
+pytestmark = [pytest.mark.real,
+              pytest.mark.skipif(ENGINE is None, reason="no redis-server / valkey-server available")]
+
+
+def test_bench_quick_prints_the_figures(capsys, tmp_path):
+    out_json = tmp_path / "bench.json"
+    rc = bench.main(["--quick", "--engine", ENGINE, "--lanes", "1,8", "--seats", "3,20", "--waiters", "0,5",
+                     "--iterations", "25", "--no-progress", "--json", str(out_json)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    for words in ("admit p50", "admit p99", "release p50", "PING p50", "admit/PING", "server µs/call",
+                  "vs smallest", "target: admit p50 ≤ 1.5× PING p50", "flat in seats and waiters"):
+        assert words in out, f"{words!r} missing from:\n{out}"
+    result = json.loads(out_json.read_text())
+    assert result["engine"] == ENGINE and result["version"]
+    cases = result["cases"]
+    assert [(c["lanes"], c["seats"], c["waiters"]) for c in cases] == [
+        (l, s, w) for l in (1, 8) for s in (3, 20) for w in (0, 5)]
+    for c in cases:
+        assert c["iterations"] == 25
+        assert c["admit_p50"] > 0 and c["release_p50"] > 0 and c["ping_p50"] > 0
+        assert c["admit_p99"] >= c["admit_p50"]
+        assert c["server_usec_per_call"] > 0
+        assert c["server_calls"] == 2 * 25  # admit + release by EVALSHA; the waiter refills go by EVAL
+        assert c["reasons"] == {"within-floor": 25}  # the measured path is the same in every case
+    smallest = [c for c in cases if c["seats"] == 3 and c["waiters"] == 0]
+    assert all(c["vs_smallest"] == pytest.approx(1.0) for c in smallest)
+    # one printed row per case
+    assert sum(1 for line in out.splitlines() if line.strip().startswith(("1 ", "8 "))) == len(cases)
+
+    md = bench.render(result, markdown=True)
+    rows = [line for line in md.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + len(cases)  # header + one per case
+    assert rows[0].startswith("| lanes | seats | waiters | admit p50")
+
+
+def test_lanes_table_floors():
+    for n in (1, 7, 8, 32):
+        lanes = bench.lanes_table(n)
+        assert len(lanes) == n and bench.MEASURED_LANE in lanes
+        assert sum(l["floor"] for l in lanes.values()) <= 1 + 1e-9
