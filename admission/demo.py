@@ -43,7 +43,6 @@ import redis
 import structlog
 
 from .client import Admission, fail_fast_options
-from .codes import UNAVAILABLE
 from .errors import AdmissionError, NoPolicy, StaleVersion, Unavailable, WaitTimeout
 from .servers import LocalServer, find_server
 
@@ -229,14 +228,6 @@ def pod_main(url: str, mesh: str, pod: str, seconds: float | None, *, capacity: 
                     jobs[lane].put((f"{pod}/{lane}/{n}", 1))
             stop.wait(0.1)
 
-    # One lock per lane around a round's first ask, so this pod's waiters of a lane are queued in
-    # its book in the order Redis gave their tickets. Without it two threads can reach Redis in
-    # the other order than they entered the book; the book's oldest then re-asks and gets
-    # behind-older while the server's oldest never re-asks, and the lane stalls until a wait
-    # times out (the client bug reported with this demo; harmless once the client orders its
-    # book by the server's ticket order).
-    first_ask = {lane: threading.Lock() for lane in lanes}
-
     def worker(lane: str, provider: FakeProvider) -> None:
         while not stop.is_set():
             try:
@@ -246,11 +237,6 @@ def pod_main(url: str, mesh: str, pod: str, seconds: float | None, *, capacity: 
             round_id = f"{job}/a{attempt}"  # a new round id per attempt: each is its own round
             wait_for = 600.0 if deadline is None else max(0.5, deadline - time.monotonic() + 5)
             try:
-                with first_ask[lane]:
-                    first = adm.try_admit(lane=lane, model=POOL, round_id=round_id, wait=True)
-                if first.reason == UNAVAILABLE:
-                    raise Unavailable(f"admission unavailable for {round_id}")
-                # admitted: round() finds the seat (same-intent); refused: it waits with the ticket
                 with adm.round(lane=lane, model=POOL, round_id=round_id, timeout=wait_for) as r:
                     if stop.is_set():
                         raise _Cancelled(round_id)
