@@ -123,8 +123,8 @@ class AsyncAdmission(ClientBase):
     async def round(self, *, lane: str, model: str, round_id: str, timeout: float = 600.0,
                     agent: str | None = None, parent: str | None = None,
                     revision: str | None = None) -> AsyncIterator[AsyncRound]:
-        d = await self.admit_waiting(lane=lane, model=model, round_id=round_id, timeout=timeout,
-                                     agent=agent, parent=parent, revision=revision)
+        d = self._own(await self.admit_waiting(lane=lane, model=model, round_id=round_id, timeout=timeout,
+                                               agent=agent, parent=parent, revision=revision))
         handle, started = AsyncRound(self, d), time.monotonic()  # type: ignore[arg-type]
         try:
             yield handle

@@ -7,6 +7,7 @@ from typing import Any
 
 from . import policy as policy_mod
 from .core import Core, Decision, Heartbeat
+from .errors import NotYourSeat
 from .waiting import Book
 
 
@@ -28,12 +29,18 @@ class ClientBase:
 
     def _note_decision(self, d: Decision, lane: str, wait: bool) -> bool:
         """Book an answer: a seat to keep alive, or a waiter to renew. True when the clock must run."""
-        if d.admitted:
+        if d.admitted and d.seat.pod == self.pod:
             self._book.hold(d.seat)
             self._book.dequeue(lane, d.pool, d.round_id)
         elif wait:
             self._book.enqueue(lane, d.pool, d.round_id, d.waiting_since)
         return self.background and (d.admitted or wait)
+
+    def _own(self, d: Decision) -> Decision:
+        """A round held by another pod (same intent id) must not run here too."""
+        if d.seat is not None and d.seat.pod != self.pod:
+            raise NotYourSeat(f"round {d.round_id} is already admitted and held by pod {d.seat.pod}")
+        return d
 
     def _note_heartbeat(self, hb: Heartbeat) -> list[str]:
         """Drop the seats the server no longer has for this pod; returns those still held here

@@ -171,8 +171,8 @@ class Admission(ClientBase):
     def round(self, *, lane: str, model: str, round_id: str, timeout: float = 600.0,
               agent: str | None = None, parent: str | None = None, revision: str | None = None) -> Iterator[Round]:
         """Wait for a seat, keep it alive, release it on exit with the classified outcome."""
-        d = self.admit_waiting(lane=lane, model=model, round_id=round_id, timeout=timeout,
-                               agent=agent, parent=parent, revision=revision)
+        d = self._own(self.admit_waiting(lane=lane, model=model, round_id=round_id, timeout=timeout,
+                                         agent=agent, parent=parent, revision=revision))
         handle, started = Round(self, d), time.monotonic()
         try:
             yield handle

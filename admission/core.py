@@ -155,9 +155,10 @@ class Core:
                 "1" if wait else "0", parent or "", revision or ""]
 
         def decode(r):
-            status, reason, pool, rid, seq, lane_, est, running, slots, version, at = r
+            status, reason, pool, rid, seq, lane_, est, running, slots, version, at, holder = r
             admitted, at = int(status) == Status.ADMITTED, float(_s(at))
-            seat = Seat(_s(rid), int(seq), _s(pool), _s(lane_), self.pod, at) if admitted else None
+            # same-intent from another pod: the seat is that pod's (this pod must not run the round)
+            seat = Seat(_s(rid), int(seq), _s(pool), _s(lane_), _s(holder), at) if admitted else None
             return Decision(admitted, _s(reason), _s(rid), _s(lane_), _s(pool), seat, float(_s(est)),
                             int(running), int(slots), int(version), None if admitted else at)
 

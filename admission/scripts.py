@@ -85,7 +85,7 @@ def load(client: Any) -> None:
     """FUNCTION LOAD REPLACE the library (on every primary of a cluster)."""
     code = library()[0]
     if isinstance(client, RedisCluster):
-        client.execute_command("FUNCTION", "LOAD", "REPLACE", code, target_nodes=RedisCluster.ALL_PRIMARIES)
+        client.execute_command("FUNCTION", "LOAD", "REPLACE", code, target_nodes=RedisCluster.PRIMARIES)
     else:
         client.function_load(code, replace=True)
 

@@ -13,9 +13,10 @@
   ARGV[9]  parent round id (may be empty)
   ARGV[10] revision (may be empty)
 
-  Reply: {status, reason, pool, seat id, seq, lane, est, running, slots, config version, at}
+  Reply: {status, reason, pool, seat id, seq, lane, est, running, slots, config version, at, pod}
     at: when admitted, the admission time; when refused, the waiter's enqueue time (its place in
     the queue; `now` when it holds no ticket)
+    pod: the pod that holds the seat (same-intent: possibly another pod than the asker)
     status ADMITTED with reason within-floor | overdraft | borrowed | same-intent
     status REFUSED  with reason behind-older | reserved | fair-share | full | draw
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_LANE, ADM_UNKNOWN_POOL, ADM_NO_CONFIG
@@ -49,7 +50,7 @@ return run(function()
   -- validated: writes may start
 
   local function reply(status, reason, seq, p, at)
-    return {status, reason, pool, id, seq, lane, fmt(p.est), p.running, slots(p), cfg.version, fmt(at)}
+    return {status, reason, pool, id, seq, lane, fmt(p.est), p.running, slots(p), cfg.version, fmt(at), pod}
   end
 
   sweep(now, SWEEP_PER_ADMIT)
@@ -59,7 +60,7 @@ return run(function()
   if seat then
     local p = load_pool(T, seat.pool)
     return {STATUS.ADMITTED, 'same-intent', seat.pool, id, tonumber(seat.seq), seat.lane,
-      fmt(p.est), p.running, slots(p), cfg.version, seat.at}
+      fmt(p.est), p.running, slots(p), cfg.version, seat.at, seat.pod}
   end
 
   -- A waiter that moved to another pool or lane gives up its old place.

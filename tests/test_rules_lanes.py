@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from admission import urgency
+from admission import NotYourSeat, urgency
 
 from helpers import POOL, T0, Rounds, adm, lane_row, policy, pool_row, pool_state
 
@@ -274,6 +274,18 @@ def test_same_intent_one_decision_per_round_id(redis_client):
     d2 = r.ask("a", round_id="intent-1")
     assert d2.admitted and d2.reason == "same-intent" and d2.seat == d1.seat
     assert pool_state(redis_client)["running"] == "1"
+
+
+def test_same_intent_from_another_pod_names_the_holder_and_seats_nothing(redis_client):
+    a = adm(redis_client)
+    b = adm(redis_client, pod="pod-b", apply=False)
+    d1 = Rounds(a).ask("a", round_id="intent-1")
+    d2 = b.try_admit(lane="a", model=POOL, round_id="intent-1", now=T0, draw=0.0)
+    assert d2.admitted and d2.reason == "same-intent" and d2.seat.pod == "pod-a" == d1.seat.pod
+    assert pool_state(redis_client)["running"] == "1" and b._book.seats == {}
+    with pytest.raises(NotYourSeat, match="held by pod pod-a"):
+        with b.round(lane="a", model=POOL, round_id="intent-1"):
+            pass
 
 
 def test_urgency_weights_and_aging():
