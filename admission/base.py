@@ -48,6 +48,8 @@ class ClientBase:
         lost = [seat_id for seat_id in hb.lost if seat_id in self._book.seats]
         for seat_id in lost:
             self._book.drop(seat_id)
+        for ticket_id in hb.lost_tickets:  # expired under a slow pod: it asks again when oldest
+            self._book.forget_place(ticket_id)
         return lost
 
     @staticmethod

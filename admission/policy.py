@@ -44,6 +44,7 @@ TUNABLES: dict[str, tuple[float, type, float, float]] = {
 DEFAULT_RESERVE = {"triage": 0.30, "bugfix": 0.20, "reviews": 0.10, "babysitter": 0.05,
                    "watchdog": 0.05, "express": 0.0}
 OTHER_RESERVE = 0.15
+MAX_LANES = 1000  # lanes/guaranteed: a lane's rank must fit in 10 bits of its sort key
 
 _RETIRED = re.compile(r"(?i)^(max_?concurren(t|cy)\w*|max_?(rounds|agents|running|in_?flight)|concurrency(_?(cap|limit))?)$")
 _TOP_KEYS = {"tunables", "lanes", "providers", "pools"}
@@ -163,6 +164,8 @@ def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
         lanes.append(lane)
     if not lanes:
         raise PolicyError("policy needs at least one lane: [lanes.<name>]")
+    if len(lanes) > MAX_LANES:
+        raise PolicyError(f"policy has {len(lanes)} lanes; at most {MAX_LANES} (a decision is O(lanes))")
     total = sum(l["floor"] for l in lanes)
     if total > 1 + 1e-9:
         raise PolicyError(f"lane floors are shares of a pool and must sum to <= 1, got {total:g}")

@@ -47,6 +47,12 @@ class Book:
         if not queue:
             self.groups.pop((lane, pool), None)
 
+    def forget_place(self, round_id: str) -> None:
+        """The server lost this waiter's ticket: it queues last until it asks again."""
+        for queue in self.groups.values():
+            if round_id in queue:
+                queue[round_id] = float("inf")
+
     def is_oldest(self, lane: str, pool: str, round_id: str) -> bool:
         """The server's order: oldest enqueue time first, ties by id."""
         queue = self.groups.get((lane, pool))

@@ -130,6 +130,19 @@ def test_one_heartbeat_renews_every_lease_of_the_pod(redis_client):
     assert a.tick(now=T0 + 51).swept == 3
 
 
+def test_a_waiter_whose_ticket_expired_is_reported_once_and_asks_again(redis_client):
+    a = adm(redis_client, pol=policy(ONE_LANE, lease_ttl=30, max_estimate=2))
+    Rounds(a).fill("x", 2)
+    a.try_admit(lane="x", model=POOL, round_id="w", now=T0, wait=True)
+    a.heartbeat(now=T0)            # renews the seats and the ticket
+    redis_client.zadd("adm:{t}:tickets", {"w": T0})   # the ticket's lease ran out (a slow pod)
+    a.tick(now=T0 + 1)
+    assert a.heartbeat(now=T0 + 2).lost_tickets == ["w"]
+    assert a.heartbeat(now=T0 + 3).lost_tickets == []  # not sent again until it has a place
+    d = a.try_admit(lane="x", model=POOL, round_id="w", now=T0 + 4, wait=True)
+    assert not d.admitted and a._book.tickets() == ["w"]
+
+
 def test_the_sweep_is_bounded_per_call(redis_client):
     a = adm(redis_client, pol=policy(ONE_LANE, lease_ttl=30, seed_estimate=300))
     Rounds(a).fill("x", 250)

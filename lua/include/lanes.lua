@@ -36,17 +36,15 @@ local function guaranteed(cfg, L, C, asking)
   end
   local left = math.floor(sum_q) - sum_g
   if left > 0 then
-    local order = {}
-    for i, l in ipairs(with_work) do order[i] = l end
-    -- cfg.lanes is sorted by priority desc, then name: keep that order among equal remainders
-    local rank = {}
-    for i, l in ipairs(order) do rank[l.name] = i end
-    table.sort(order, function(a, b)
-      local ra, rb = rem[a.name], rem[b.name]
-      if math.abs(ra - rb) > 1e-9 then return ra > rb end
-      return rank[a.name] < rank[b.name]
-    end)
-    for i = 1, math.min(left, #order) do g[order[i].name] = g[order[i].name] + 1 end
+    -- largest remainder first, ties to the earlier lane (cfg.lanes is sorted by priority desc,
+    -- then name): one number per lane, sorted by the C comparison (no Lua comparator per pair)
+    local keys, lane_of = {}, {}
+    for i, l in ipairs(with_work) do
+      local k = -(math.floor(rem[l.name] * 1e9) * 1024 + (1023 - i))
+      keys[i], lane_of[k] = k, l.name
+    end
+    table.sort(keys)
+    for i = 1, math.min(left, #keys) do g[lane_of[keys[i]]] = g[lane_of[keys[i]]] + 1 end
   end
   for _, l in ipairs(with_work) do
     local waiting = L.wait[l.name] > 0 or l.name == asking
