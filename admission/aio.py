@@ -38,7 +38,8 @@ class AsyncAdmission(ClientBase):
     def __init__(self, client: aredis.Redis, *, mesh: str, pod: str, background: bool = True,
                  seed: int | None = None):
         super().__init__(client, mesh=mesh, pod=pod, background=background, seed=seed)
-        self._cond = asyncio.Condition()
+        self._lock = asyncio.Lock()
+        self._wakers: dict[str, asyncio.Condition] = {}  # per pool, on one lock
         self._task: asyncio.Task | None = None
 
     @classmethod
@@ -99,25 +100,33 @@ class AsyncAdmission(ClientBase):
         self._book.enqueue(lane, model, round_id)
         d = await self.try_admit(**ask, wait=True)
         while not d.admitted:
-            async with self._cond:
+            waker = self._waker(model)
+            async with waker:
                 while (left := deadline - time.monotonic()) > 0:
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._cond.wait(), min(left, self._tunables["grow_interval"]))
+                        await asyncio.wait_for(waker.wait(), min(left, self._tunables["grow_interval"]))
                     if self._book.is_oldest(lane, model, round_id):
                         break
             if time.monotonic() >= deadline:
                 self._book.dequeue(lane, model, round_id)
                 with contextlib.suppress(*UNREACHABLE):
                     await self._exec(self.core.withdraw(round_id))
-                await self._notify()
+                await self._wake(model)
                 raise WaitTimeout(f"round {round_id} waited {timeout:g}s for {model} (last refusal: {d.reason})")
             d = await self.try_admit(**ask, wait=True)
-        await self._notify()
+        await self._wake(model)  # the next oldest may ask now
         return d
 
-    async def _notify(self) -> None:
-        async with self._cond:
-            self._cond.notify_all()
+    def _waker(self, pool: str) -> asyncio.Condition:
+        if pool not in self._wakers:
+            self._wakers[pool] = asyncio.Condition(self._lock)
+        return self._wakers[pool]
+
+    async def _wake(self, pool: str | None = None) -> None:
+        """Wake the waiters of one pool (a release there), or of every pool (the clock)."""
+        async with self._lock:
+            for waker in [self._waker(pool)] if pool else list(self._wakers.values()):
+                waker.notify_all()
 
     @contextlib.asynccontextmanager
     async def round(self, *, lane: str, model: str, round_id: str, timeout: float = 600.0,
@@ -164,8 +173,9 @@ class AsyncAdmission(ClientBase):
                 if pubsub is None:
                     pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
                     await pubsub.subscribe(self.core.wake_channel)
-                if await pubsub.get_message(timeout=0.5) is not None:
-                    await self._notify()
+                msg = await pubsub.get_message(timeout=0.5)
+                if msg is not None:
+                    await self._wake(msg["data"].decode())
                 now = time.monotonic()
                 if now >= next_beat:
                     t = await self.tunables()
@@ -176,7 +186,7 @@ class AsyncAdmission(ClientBase):
                 if now >= next_tick:
                     await self.tick()
                     next_tick = now + self._tunables["grow_interval"]
-                    await self._notify()
+                    await self._wake()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # keep the clock alive through outages

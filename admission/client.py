@@ -66,7 +66,8 @@ class Admission(ClientBase):
     def __init__(self, client: redis.Redis, *, mesh: str, pod: str, background: bool = True,
                  seed: int | None = None):
         super().__init__(client, mesh=mesh, pod=pod, background=background, seed=seed)
-        self._cond = threading.Condition()
+        self._cond = threading.Condition()  # guards the book
+        self._wakers: dict[str, threading.Condition] = {}  # per pool, on the same lock
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -144,24 +145,36 @@ class Admission(ClientBase):
         d = self.try_admit(**ask, wait=True)
         while not d.admitted:
             with self._cond:
-                # only the pod's oldest waiter of this lane and pool re-asks: on a release's
-                # wake-up, on the pool clock, or when the waiter before it was admitted
+                # only the pod's oldest waiter of this lane and pool re-asks: on a release of
+                # that pool, on the pool clock, or when the waiter before it was admitted
+                waker = self._waker(model)
                 while (left := deadline - time.monotonic()) > 0:
-                    self._cond.wait(min(left, self._tunables["grow_interval"]))
+                    waker.wait(min(left, self._tunables["grow_interval"]))
                     if self._book.is_oldest(lane, model, round_id):
                         break
             if time.monotonic() >= deadline:
                 self._give_up(lane, model, round_id)
                 raise WaitTimeout(f"round {round_id} waited {timeout:g}s for {model} (last refusal: {d.reason})")
             d = self.try_admit(**ask, wait=True)
-        with self._cond:
-            self._cond.notify_all()  # the next oldest may ask now
+        self._wake(model)  # the next oldest may ask now
         return d
+
+    def _waker(self, pool: str) -> threading.Condition:
+        """The condition a pool's waiters sleep on (call with the book's lock held)."""
+        if pool not in self._wakers:
+            self._wakers[pool] = threading.Condition(self._cond._lock)  # type: ignore[attr-defined]
+        return self._wakers[pool]
+
+    def _wake(self, pool: str | None = None) -> None:
+        """Wake the waiters of one pool (a release there), or of every pool (the clock)."""
+        with self._cond:
+            for waker in [self._waker(pool)] if pool else list(self._wakers.values()):
+                waker.notify_all()
 
     def _give_up(self, lane: str, pool: str, round_id: str) -> None:
         with self._cond:
             self._book.dequeue(lane, pool, round_id)
-            self._cond.notify_all()
+        self._wake(pool)
         try:
             self._exec(self.core.withdraw(round_id))
         except UNREACHABLE:
@@ -231,8 +244,7 @@ class Admission(ClientBase):
                     pubsub.subscribe(self.core.wake_channel)
                 msg = pubsub.get_message(timeout=0.5)
                 if msg is not None:
-                    with self._cond:
-                        self._cond.notify_all()
+                    self._wake(msg["data"].decode())
                 now = time.monotonic()
                 if now >= next_beat:
                     t = self.tunables()
@@ -242,8 +254,7 @@ class Admission(ClientBase):
                 if now >= next_tick:
                     self.tick()
                     next_tick = now + self._tunables["grow_interval"]
-                    with self._cond:
-                        self._cond.notify_all()
+                    self._wake()
             except Exception as exc:  # keep the clock alive through outages
                 log.warning("clock_error", error=repr(exc))
                 pubsub = None

@@ -72,6 +72,32 @@ def test_a_refused_round_waits_and_is_woken_by_a_release(redis_client):
     assert 0 <= got["at"] - released < 5                    # woken by the release, not the 60 s clock
 
 
+def test_a_release_on_another_pool_does_not_wake_the_waiters(redis_client):
+    pol = policy(ONE_LANE, pools=("m@p", "n@p"), grow_interval=60, max_estimate=2)
+    holder = adm(redis_client, pod="pod-a", pol=pol)
+    here = [holder.try_admit(lane="x", model="m@p", round_id=f"m{i}").seat for i in range(2)]
+    there = holder.try_admit(lane="x", model="n@p", round_id="n0").seat
+    waiter = Admission(redis_client, mesh="t", pod="pod-b")
+    t = threading.Thread(target=lambda: waiter.admit_waiting(lane="x", model="m@p", round_id="w1", timeout=30))
+    t.start()
+
+    def asks() -> int:
+        return sum(1 for _, f in redis_client.xrange("adm:{t}:events") if f.get(b"round") == b"w1")
+
+    deadline = time.monotonic() + 10
+    while asks() == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(1.0)                                  # subscribed, first clock tick done
+    before = asks()
+    holder.release(there, outcome="clean", seconds=1)          # a wake-up for n@p only
+    time.sleep(1.0)
+    assert asks() == before                          # the m@p waiter did not re-ask
+    holder.release(here[0], outcome="clean", seconds=1)        # a wake-up for m@p
+    t.join(timeout=20)
+    waiter.close()
+    assert asks() == before + 1 and not t.is_alive()
+
+
 def test_only_the_pods_oldest_waiter_per_lane_and_pool_re_asks(redis_client):
     a = adm(redis_client, pol=policy(ONE_LANE))
     Rounds(a).fill("x", 2)
