@@ -20,7 +20,7 @@ import structlog
 from . import scripts
 from .base import ClientBase
 from .classify import outcome_of
-from .client import Round, fail_fast_options, policy_of
+from .client import CONNECT_TIMEOUT, SOCKET_TIMEOUT, Round, fail_fast_options, policy_of
 from .core import UNREACHABLE, Call, Core, Decision, Released, Seat, Tick
 from .errors import Unavailable, WaitTimeout
 
@@ -43,8 +43,10 @@ class AsyncAdmission(ClientBase):
         self._task: asyncio.Task | None = None
 
     @classmethod
-    def from_url(cls, url: str, *, mesh: str, pod: str, **kwargs: Any) -> "AsyncAdmission":
-        return cls(aredis.Redis.from_url(url, **fail_fast_options()), mesh=mesh, pod=pod, **kwargs)
+    def from_url(cls, url: str, *, mesh: str, pod: str, connect_timeout: float = CONNECT_TIMEOUT,
+                 socket_timeout: float = SOCKET_TIMEOUT, **kwargs: Any) -> "AsyncAdmission":
+        client = aredis.Redis.from_url(url, **fail_fast_options(connect_timeout, socket_timeout))
+        return cls(client, mesh=mesh, pod=pod, **kwargs)
 
     async def _exec(self, call: Call):
         try:

@@ -72,8 +72,11 @@ class Admission(ClientBase):
         self._stop = threading.Event()
 
     @classmethod
-    def from_url(cls, url: str, *, mesh: str, pod: str, **kwargs: Any) -> "Admission":
-        client = redis.Redis.from_url(url, **fail_fast_options())
+    def from_url(cls, url: str, *, mesh: str, pod: str, connect_timeout: float = CONNECT_TIMEOUT,
+                 socket_timeout: float = SOCKET_TIMEOUT, **kwargs: Any) -> "Admission":
+        """A client that fails fast: a dead server is a shed decision within about
+        connect_timeout + socket_timeout (times one quick retry)."""
+        client = redis.Redis.from_url(url, **fail_fast_options(connect_timeout, socket_timeout))
         return cls(client, mesh=mesh, pod=pod, **kwargs)
 
     # -- plumbing ------------------------------------------------------------------------------

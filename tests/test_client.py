@@ -127,6 +127,22 @@ def test_unreachable_redis_gives_a_shed_decision_fast():
     assert time.monotonic() - started < 1.5
 
 
+def test_a_server_that_accepts_but_never_answers_sheds_within_the_configured_timeouts():
+    import socket
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)                                 # accepts connections, never replies
+    try:
+        a = Admission.from_url(f"redis://127.0.0.1:{silent.getsockname()[1]}/0", mesh="t", pod="p",
+                               background=False, connect_timeout=0.1, socket_timeout=0.2)
+        started = time.monotonic()
+        d = a.try_admit(lane="x", model=POOL, round_id="r1")
+        assert d.reason == UNAVAILABLE and not d.admitted
+        assert time.monotonic() - started < 1.0     # two tries of 0.2 s, not redis-py's default seconds
+    finally:
+        silent.close()
+
+
 def test_a_killed_pods_seats_and_waiters_expire_and_the_counts_heal(redis_client):
     a = adm(redis_client, pol=policy(ONE_LANE, lease_ttl=30))
     Rounds(a).fill("x", 2)
