@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from .core import Seat
 
+UNPLACED = float("inf")  # a waiter whose place the server has not confirmed queues last
+
 
 @dataclass
 class Held:
@@ -39,7 +41,7 @@ class Book:
         """Queue a waiter at its place: the server's enqueue time (unknown yet: last)."""
         queue = self.groups.setdefault((lane, pool), {})
         if since is not None or round_id not in queue:
-            queue[round_id] = since if since is not None else float("inf")
+            queue[round_id] = since if since is not None else UNPLACED
 
     def dequeue(self, lane: str, pool: str, round_id: str) -> None:
         queue = self.groups.get((lane, pool), {})
@@ -51,7 +53,7 @@ class Book:
         """The server lost this waiter's ticket: it queues last until it asks again."""
         for queue in self.groups.values():
             if round_id in queue:
-                queue[round_id] = float("inf")
+                queue[round_id] = UNPLACED
 
     def is_oldest(self, lane: str, pool: str, round_id: str) -> bool:
         """The server's order: oldest enqueue time first, ties by id."""
@@ -60,7 +62,7 @@ class Book:
 
     def tickets(self) -> list[str]:
         """Waiters whose ticket the server has confirmed (a first ask still in flight has none)."""
-        return [rid for queue in self.groups.values() for rid, since in queue.items() if since != float("inf")]
+        return [rid for queue in self.groups.values() for rid, since in queue.items() if since != UNPLACED]
 
     def overdue(self, stall_after: float, round_cap: float) -> list[tuple[Held, str]]:
         """Seats past their stall threshold or round cap that have not reported it yet."""

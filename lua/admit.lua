@@ -37,7 +37,7 @@ return run(function()
   local pool = ARGV[3]
   local cfg = load_config(pool)
   local lane = check_lane(cfg, ARGV[2])
-  check_pool(cfg, pool)
+  check_pool(pool, cfg.provider)
   local pod = check_name('pod', ARGV[4])
   local agent = check_name('agent', ARGV[5], true)
   local now = clock(ARGV[6])

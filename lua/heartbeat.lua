@@ -28,11 +28,8 @@ return run(function()
   for i = 0, n - 1 do
     local b = 4 + 5 * i
     local s = {id = check_name('seat id', ARGV[b]), seq = check_num('seq', ARGV[b + 1], nil, 1),
-      lane = check_lane(cfg, ARGV[b + 2]), pool = check_name('pool', ARGV[b + 3]),
-      at = check_num('admitted at', ARGV[b + 4], nil, 0)}
-    if redis.call('HEXISTS', KEYS[1], 'pool:' .. s.pool) == 0 then
-      fail(ERR.UNKNOWN_POOL, 'pool ' .. s.pool .. ' is not in the catalog')
-    end
+      lane = check_lane(cfg, ARGV[b + 2]), pool = ARGV[b + 3], at = check_num('admitted at', ARGV[b + 4], nil, 0)}
+    check_pool(s.pool)
     seats[#seats + 1] = s
   end
   local tickets = {}

@@ -30,12 +30,7 @@ return run(function()
   else
     for i = 4, #ARGV do pools[#pools + 1] = ARGV[i] end
   end
-  for _, pool in ipairs(pools) do
-    check_name('pool', pool)
-    if redis.call('HEXISTS', KEYS[1], 'pool:' .. pool) == 0 then
-      fail(ERR.UNKNOWN_POOL, 'pool ' .. pool .. ' is not in the catalog')
-    end
-  end
+  for _, pool in ipairs(pools) do check_pool(pool) end
   local out = {STATUS.OK}
   for _, pool in ipairs(pools) do
     out[#out + 1] = pool

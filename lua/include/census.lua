@@ -8,7 +8,7 @@ local function census_pool(cfg, T, pool, now, day, starving)
   local L = load_lanes(cfg, pool)
   local C = slots(p)
   local g = guaranteed(cfg, L, C, nil)
-  local provider = redis.call('HGET', KEYS[1], 'pool:' .. pool) or ''
+  local provider = check_pool(pool)
   local spend_fields = {}
   for _, l in ipairs(cfg.lanes) do spend_fields[#spend_fields + 1] = l.name .. '|' .. provider end
   local spent = redis.call('HMGET', key('spend', day), unpack(spend_fields))

@@ -36,10 +36,13 @@ local function check_lane(cfg, lane)
   return lane
 end
 
-local function check_pool(cfg, pool)
+-- A pool of the catalog; returns its provider. `provider` is what the caller already read for it
+-- (load_config(pool) does), so the common path costs no extra call.
+local function check_pool(pool, provider)
   check_name('pool', pool)
-  if not cfg.provider then fail(ERR.UNKNOWN_POOL, 'pool ' .. pool .. ' is not in the catalog') end
-  return pool
+  provider = provider or redis.call('HGET', KEYS[1], 'pool:' .. pool)
+  if not provider then fail(ERR.UNKNOWN_POOL, 'pool ' .. pool .. ' is not in the catalog') end
+  return provider
 end
 
 local function catalog()
