@@ -7,17 +7,16 @@ from .client import Admission, Round
 from .codes import ADMIT_REASONS, REFUSE_REASONS, UNAVAILABLE, Status
 from .core import Decision, Released, Seat
 from .errors import (AdmissionError, BadArgument, BadName, NoPolicy, NotYourSeat, PolicyError,
-                     StaleVersion, Unavailable, UnknownLane, UnknownPool, UnknownSeat, WaitTimeout)
+                     RoundInProgress, ScriptError, StaleVersion, Unavailable, UnknownLane, UnknownPool,
+                     UnknownSeat, WaitTimeout)
 from .urgency import urgency
 
-try:  # asyncio client (same core)
-    from .aio import AsyncAdmission
-except ImportError:  # pragma: no cover - until aio lands
-    pass
+from .aio import AsyncAdmission
 
 __all__ = [
     "Admission", "AsyncAdmission", "Round", "Decision", "Seat", "Released", "Status",
     "ADMIT_REASONS", "REFUSE_REASONS", "UNAVAILABLE", "urgency", "outcome_of",
     "AdmissionError", "BadArgument", "BadName", "UnknownLane", "UnknownPool", "UnknownSeat",
     "NotYourSeat", "NoPolicy", "PolicyError", "StaleVersion", "WaitTimeout", "Unavailable",
+    "RoundInProgress", "ScriptError",
 ]

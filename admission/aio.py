@@ -15,16 +15,16 @@ from typing import Any, AsyncIterator, Mapping
 
 import redis
 import redis.asyncio as aredis
-import structlog
+from ._log import get_logger
 
 from . import scripts
-from .base import ClientBase
+from .base import ClientBase, PendingRelease
 from .classify import outcome_of
 from .client import CONNECT_TIMEOUT, SOCKET_TIMEOUT, Round, fail_fast_options, policy_of
 from .core import UNREACHABLE, Call, Core, Decision, Released, Seat, Tick
-from .errors import Unavailable, WaitTimeout
+from .errors import AdmissionError, NoPolicy, NotYourSeat, Unavailable, WaitTimeout
 
-log = structlog.get_logger("admission")
+log = get_logger("admission")
 
 
 class AsyncRound(Round):
@@ -61,8 +61,11 @@ class AsyncAdmission(ClientBase):
         except UNREACHABLE as exc:
             raise Unavailable(f"admission unavailable: {exc}") from exc
 
-    async def apply_policy(self, policy: str | Path | Mapping[str, Any], expected_version: int | None = None) -> int:
-        return await self._exec_or_raise(self.core.apply(policy_of(policy), expected_version))
+    async def apply_policy(self, policy: str | Path | Mapping[str, Any], expected_version: int | None = None, *,
+                           recovery_hold: bool = True, now: float | None = None) -> int:
+        applied = await self._exec_or_raise(self.core.apply(policy_of(policy), expected_version,
+                                                            recovery_hold=recovery_hold, now=now))
+        return applied.version
 
     async def policy(self) -> dict[str, Any]:
         return self._policy_of(await self.redis.hmget(self.core.config_key, "version", "policy"))
@@ -79,7 +82,7 @@ class AsyncAdmission(ClientBase):
             d = await self._exec(call)
         except UNREACHABLE as exc:
             log.warning("admission_unavailable", round=round_id, error=str(exc))
-            return self.core.unavailable(lane=lane, model=model, round_id=round_id)
+            d = self.core.unavailable(lane=lane, model=model, round_id=round_id)
         if self._note_decision(d, lane, wait):
             self._ensure_clock()
         return d
@@ -89,35 +92,51 @@ class AsyncAdmission(ClientBase):
 
     async def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
                       cost_usd: float | None = None, now: float | None = None) -> Released:
-        r = await self._exec_or_raise(self.core.release(seat, outcome=outcome, seconds=seconds,
-                                                        cost_usd=cost_usd, now=now))
-        self._book.drop(seat.id)
-        return r
+        call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now)
+        self._book.drop(seat.id)  # never renewed again, whatever the answer
+        return await self._exec_or_raise(call)
 
     async def admit_waiting(self, *, lane: str, model: str, round_id: str, timeout: float = 600.0,
                             agent: str | None = None, parent: str | None = None,
                             revision: str | None = None) -> Decision:
+        """As the sync client's: every way out that is not an admission (timeout, an error, a
+        cancellation such as ``asyncio.timeout``) leaves the book and withdraws the ticket."""
         deadline = time.monotonic() + timeout
         ask = dict(lane=lane, model=model, round_id=round_id, agent=agent, parent=parent, revision=revision)
-        self._book.enqueue(lane, model, round_id)
-        d = await self.try_admit(**ask, wait=True)
-        while not d.admitted:
-            waker = self._waker(model)
-            async with waker:
-                while (left := deadline - time.monotonic()) > 0:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(waker.wait(), min(left, self._tunables["grow_interval"]))
-                    if self._book.is_oldest(lane, model, round_id):
-                        break
-            if time.monotonic() >= deadline:
-                self._book.dequeue(lane, model, round_id)
-                with contextlib.suppress(*UNREACHABLE):
-                    await self._exec(self.core.withdraw(round_id))
-                await self._wake(model)
-                raise WaitTimeout(f"round {round_id} waited {timeout:g}s for {model} (last refusal: {d.reason})")
-            d = await self.try_admit(**ask, wait=True)
+        self._check_free(round_id)
+        self._book.wait(lane, model, round_id)
+        if self.background:
+            self._ensure_clock()
+        d: Decision | None = None
+        try:
+            while True:
+                gen = self._gens.get(model, 0)
+                self._book.asking(round_id)
+                d = await self.try_admit(**ask, wait=True)
+                if d.admitted:
+                    break
+                if self._stale_tunables(d):
+                    await self.tunables()
+                await self._sleep_until_turn(model, round_id, gen, self._retry_after(d), deadline)
+                if time.monotonic() >= deadline:
+                    raise WaitTimeout(f"round {round_id} waited {timeout:g}s for {model} (last refusal: {d.reason})")
+        finally:
+            if d is None or not d.admitted:
+                self._book.leave(round_id)  # first, synchronously: even a cancelled task leaves the book
+                await self._give_up(model, round_id)
         await self._wake(model)  # the next oldest may ask now
         return d
+
+    async def _sleep_until_turn(self, pool: str, round_id: str, gen: int, interval: float, deadline: float) -> None:
+        asked = time.monotonic()
+        waker = self._waker(pool)
+        async with waker:
+            while (now := time.monotonic()) < deadline:
+                if self._book.may_ask(round_id) and (self._gens.get(pool, 0) != gen or now - asked >= interval):
+                    return
+                rest = asked + interval - now
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(waker.wait(), min(deadline - now, rest if rest > 0 else interval))
 
     def _waker(self, pool: str) -> asyncio.Condition:
         if pool not in self._wakers:
@@ -127,8 +146,21 @@ class AsyncAdmission(ClientBase):
     async def _wake(self, pool: str | None = None) -> None:
         """Wake the waiters of one pool (a release there), or of every pool (the clock)."""
         async with self._lock:
-            for waker in [self._waker(pool)] if pool else list(self._wakers.values()):
-                waker.notify_all()
+            for p in [pool] if pool else list(self._wakers):
+                self._gens[p] = self._gens.get(p, 0) + 1
+                self._waker(p).notify_all()
+
+    async def _give_up(self, pool: str, round_id: str) -> None:
+        """Withdraw the ticket, shielded from a second cancellation and bounded in time."""
+        async def withdraw() -> None:
+            await self._wake(pool)
+            await self._exec(self.core.withdraw(round_id))
+        try:
+            await asyncio.wait_for(asyncio.shield(withdraw()), timeout=2)
+        except BaseException as exc:  # noqa: BLE001 - the ticket's lease expires on its own
+            log.info("withdraw_failed", round=round_id, error=repr(exc))
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
 
     @contextlib.asynccontextmanager
     async def round(self, *, lane: str, model: str, round_id: str, timeout: float = 600.0,
@@ -140,29 +172,79 @@ class AsyncAdmission(ClientBase):
         try:
             yield handle
         except BaseException as exc:
-            await self._finish(handle, outcome_of(exc), started)
+            await self._finish(handle, outcome_of(exc), started, raising=False)
             raise
         else:
-            await self._finish(handle, handle.outcome or "clean", started)
+            await self._finish(handle, handle.outcome or "clean", started, raising=True)
 
-    async def _finish(self, handle: Round, outcome: str, started: float) -> None:
+    async def _finish(self, handle: Round, outcome: str, started: float, raising: bool) -> None:
+        self._book.drop(handle.seat.id)
+        rel, bad_cost = self._pending_release(handle, outcome, time.monotonic() - started)
         try:
-            await self.release(handle.seat, outcome=outcome, seconds=time.monotonic() - started,
-                               cost_usd=handle.cost_usd)
-        except Unavailable:
-            self._book.drop(handle.seat.id)
-            log.warning("release_unavailable", round=handle.seat.id)
+            await asyncio.shield(self._apply_release(rel))
+        except asyncio.CancelledError:
+            self._keep_pending(rel, "cancelled")  # the clock retries it (release is idempotent)
+            raise
+        if bad_cost is not None and raising:
+            raise bad_cost
+
+    async def _apply_release(self, rel: PendingRelease) -> bool:
+        try:
+            await self.release(rel.seat, outcome=rel.outcome, seconds=rel.seconds, cost_usd=rel.cost_usd, now=rel.now)
+        except (Unavailable, NoPolicy) as exc:
+            self._keep_pending(rel, type(exc).__name__)
+            return False
+        except AdmissionError as exc:
+            self._unapplied(rel, exc)
+        return True
+
+    async def _retry_pending(self) -> None:
+        todo = list(self._pending)
+        self._pending.clear()
+        for i, rel in enumerate(todo):
+            if not await self._apply_release(rel):
+                self._pending.extend(todo[i + 1:])
+                return
 
     async def heartbeat(self, now: float | None = None):
-        seats = [h.seat for h in self._book.seats.values()]
-        hb = await self._exec_or_raise(self.core.heartbeat(seats, self._book.tickets(), now))
-        lost = self._note_heartbeat(hb)
-        if lost or hb.reasserted or hb.lost_tickets:
-            log.warning("heartbeat_repair", lost=lost, reasserted=hb.reasserted, lost_tickets=hb.lost_tickets)
+        snap = self._book.snapshot()
+        hb = await self._exec_or_raise(self.core.heartbeat(snap.seats_list(), list(snap.tickets), now))
+        lost, lost_tickets, pools = self._note_heartbeat(snap, hb)
+        for pool in pools:
+            await self._wake(pool)
+        if lost or hb.reasserted or lost_tickets:
+            log.warning("heartbeat_repair", lost=lost, reasserted=hb.reasserted, lost_tickets=lost_tickets)
         return hb
 
     async def tick(self, now: float | None = None) -> Tick:
         return await self._exec_or_raise(self.core.tick(now))
+
+    async def _watchdog(self) -> None:
+        t = self._tunables
+        for held, signal in self._book.overdue(t["stall_after"], t["round_cap"]):
+            try:
+                await self.report(held.seat, signal=signal)
+            except NotYourSeat:
+                pass
+            except AdmissionError as exc:
+                log.warning("report_retry", round=held.seat.id, signal=signal, error=str(exc))
+                continue
+            log.warning("round_overdue", round=held.seat.id, signal=signal)
+            self._book.signalled(held, signal)
+
+    async def _step(self, name: str, fn) -> bool:
+        try:
+            await fn()
+            return True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # keep the clock alive through outages
+            log.warning("clock_error", step=name, error=repr(exc))
+            return False
+
+    async def _beat(self) -> None:
+        await self.tunables()
+        await self.heartbeat()
 
     def _ensure_clock(self) -> None:
         if self._task is None or self._task.done():
@@ -178,23 +260,23 @@ class AsyncAdmission(ClientBase):
                 msg = await pubsub.get_message(timeout=0.5)
                 if msg is not None:
                     await self._wake(msg["data"].decode())
-                now = time.monotonic()
-                if now >= next_beat:
-                    t = await self.tunables()
-                    await self.heartbeat()
-                    for held, signal in self._book.overdue(t["stall_after"], t["round_cap"]):
-                        await self.report(held.seat, signal=signal)
-                    next_beat = now + t["lease_ttl"] / 3
-                if now >= next_tick:
-                    await self.tick()
-                    next_tick = now + self._tunables["grow_interval"]
-                    await self._wake()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # keep the clock alive through outages
-                log.warning("clock_error", error=repr(exc))
+            except Exception as exc:
+                log.warning("clock_error", step="wake-ups", error=repr(exc))
                 pubsub = None
                 await asyncio.sleep(0.5)
+            now = time.monotonic()
+            if now >= next_beat:
+                if await self._step("heartbeat", self._beat):
+                    next_beat = now + self._tunables["lease_ttl"] / 3
+                await self._step("watchdog", self._watchdog)
+                if self._pending:
+                    await self._step("pending", self._retry_pending)
+            if now >= next_tick:
+                await self._step("tick", self.tick)
+                next_tick = now + self._tunables["grow_interval"]
+                await self._wake()
 
     async def close(self) -> None:
         if self._task is not None:

@@ -28,6 +28,12 @@ How a case is built (fast: pipelined, never timed):
 
 Targets (printed next to the figures): admit p50 within 1.5x PING p50; admit p50 flat in seats
 and waiters, i.e. within 1.25x of the case with the fewest seats and waiters of the same lanes.
+
+``--census`` runs another, small case set instead: the pool clock's read model at estimates of
+10, 1,000 and 50,000 slots (``--estimates``) with 8 lanes (``--lanes``), every lane holding a seat
+and one lane a waiter. It times ``census`` and ``tick`` (each tick rebuilds the census: its
+``census:at`` is cleared, untimed, before it) and reports the server's µs per call: both must be
+flat in the estimate (a lane's bound is computed in closed form, not one decision per newcomer).
 """
 from __future__ import annotations
 
@@ -48,6 +54,7 @@ import redis
 import structlog
 from tqdm import tqdm
 
+from ._log import show
 from .client import Admission, fail_fast_options
 from .core import Call, Core
 from . import scripts
@@ -80,6 +87,7 @@ SEED_LANES: list[tuple[str, float, float, int]] = [
 
 DEFAULT = dict(lanes=[1, 8, 32], seats=[10, 1_000, 10_000], waiters=[0, 1_000], iterations=2_000)
 QUICK = dict(lanes=[1, 8], seats=[10, 1_000], waiters=[0, 100], iterations=300)
+CENSUS_DEFAULT = dict(lanes=[8], estimates=[10, 1_000, 50_000], iterations=1_000)
 PIPELINE_CHUNK = 1_000
 #: With waiters, newcomers are queued this many at a time (untimed, outside the server figures).
 REFILL = 100
@@ -187,7 +195,7 @@ def fill_seats(setup: redis.Redis, adm: Admission, lanes: int, seats: int, progr
     """Fresh state: the policy and ``seats`` live seats, round-robin over the lanes (the measured
     lane first, so it holds at least one)."""
     setup.flushall()
-    adm.apply_policy(bench_policy(lanes, BIG_ESTIMATE))
+    adm.apply_policy(bench_policy(lanes, BIG_ESTIMATE), recovery_hold=False)
     filler = Core(MESH, "filler", seed=0)
     names = list(lanes_table(lanes))
     fill = (filler.admit(lane=names[i % len(names)], model=POOL, round_id=f"s-{i}", draw=0.0, wait=False)
@@ -207,7 +215,7 @@ def add_waiters(setup: redis.Redis, adm: Admission, lanes: int, queue: Queue, co
     filler = Core(MESH, "filler", seed=0)
     small = queue.live == 0
     if small:
-        adm.apply_policy(bench_policy(lanes, 1))
+        adm.apply_policy(bench_policy(lanes, 1), recovery_hold=False)
     ask = (filler.admit(lane=MEASURED_LANE, model=POOL, round_id=f"w-{queue.next + i}", draw=0.0, wait=True)
            for i in range(count))
     admitted = [d for d in _run_pipelined(setup, ask, count, progress) if d.admitted]
@@ -215,7 +223,7 @@ def add_waiters(setup: redis.Redis, adm: Admission, lanes: int, queue: Queue, co
         raise RuntimeError(f"bench setup: {len(admitted)} of {count} waiters were admitted")
     queue.next += count
     if small:
-        adm.apply_policy(bench_policy(lanes, BIG_ESTIMATE))
+        adm.apply_policy(bench_policy(lanes, BIG_ESTIMATE), recovery_hold=False)
 
 
 def _check_pool(setup: redis.Redis, running: int, waiting: int) -> None:
@@ -419,6 +427,139 @@ def targets(grid: list[Case]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
+# --census: census and tick against the estimate
+
+
+@dataclass
+class CensusCase:
+    lanes: int
+    estimate: int
+    iterations: int = 0
+    bounds: int = 0  # sum of the lanes' bounds in the census (how much work the rules allow)
+    census_usec: float = 0.0  # server µs per call (cmdstat_fcall)
+    tick_usec: float = 0.0
+    census_p50: float = 0.0  # client µs
+    tick_p50: float = 0.0
+    vs_smallest: float = 1.0  # census server µs / the smallest estimate's
+
+
+def census_state(setup: redis.Redis, adm: Admission, lanes: int, estimate: int) -> None:
+    """Fresh state: one seat in every lane, one waiter in the last lane, then the pool measured
+    at ``estimate`` (exhausted) with its growth clock just reset, so the ticks do not grow it."""
+    setup.flushall()
+    adm.apply_policy(bench_policy(lanes, BIG_ESTIMATE), recovery_hold=False)
+    names = list(lanes_table(lanes))
+    filler = Core(MESH, "filler", seed=0)
+    seats = (filler.admit(lane=n, model=POOL, round_id=f"s-{n}", draw=0.0, wait=False) for n in names)
+    if not all(d.admitted for d in _run_pipelined(setup, seats, len(names), _NoBar())):
+        raise RuntimeError("bench census setup: a seat was refused")
+    key = f"adm:{{{MESH}}}:pool:{POOL}"
+    setup.hset(key, mapping={"est": 1, "exhausted": 1})  # full: the next ask queues
+    waiter = filler.admit(lane=names[-1], model=POOL, round_id="w-0", draw=0.0, wait=True)
+    if _run_pipelined(setup, iter([waiter]), 1, _NoBar())[0].admitted:
+        raise RuntimeError("bench census setup: the waiter was admitted")
+    sec, usec = setup.time()
+    setup.hset(key, mapping={"est": estimate, "cap": estimate, "exhausted": 1, "lastGrow": sec + usec / 1e6})
+    _check_pool(setup, len(names), 1)
+
+
+def measure_census(setup: redis.Redis, adm: Admission, case: CensusCase, iterations: int, progress) -> None:
+    perf = time.perf_counter_ns
+    at_key = f"adm:{{{MESH}}}:census:at"
+    for name in ("census", "tick"):
+        for _ in range(max(1, iterations // 10)):  # warm-up: library loaded, caches hot
+            setup.delete(at_key)
+            adm.census() if name == "census" else adm.tick()
+        ns: list[int] = []
+        setup.config_resetstat()
+        for _ in range(iterations):
+            if name == "census":
+                t0 = perf()
+                c = adm.census()
+                ns.append(perf() - t0)
+            else:
+                setup.delete(at_key)  # not an FCALL: outside the server figure
+                t0 = perf()
+                t = adm.tick()
+                ns.append(perf() - t0)
+                if not t.census_refreshed:
+                    raise RuntimeError("bench census: the tick did not rebuild the census")
+            progress.update(1)
+        calls, usec = _fcall_stats(setup)
+        ns.sort()
+        if name == "census":
+            case.census_usec, case.census_p50 = usec / max(1, calls), percentile(ns, 0.5)
+            case.bounds = sum(l["bound"] for p in c["pools"] for l in p["lanes"])
+        else:
+            case.tick_usec, case.tick_p50 = usec / max(1, calls), percentile(ns, 0.5)
+    case.iterations = iterations
+
+
+def run_census(engine: str, lanes: Sequence[int], estimates: Sequence[int], iterations: int,
+               progress: bool | None = None) -> dict[str, Any]:
+    """census and tick per (lanes, estimate) against a fresh local server; the figures as a dict."""
+    cases = [CensusCase(l, e) for l in sorted(set(lanes)) for e in sorted(set(estimates))]
+    started = time.perf_counter()
+    with LocalServer(engine) as srv, _progress(2 * iterations * len(cases), progress) as bar:
+        setup = redis.Redis.from_url(srv.url)
+        adm = Admission(redis.Redis.from_url(srv.url, **fail_fast_options(socket_timeout=60)), mesh=MESH,
+                        pod="bench", background=False, seed=0)
+        try:
+            scripts.load(setup)
+            for case in cases:
+                bar.set_postfix_str(f"lanes={case.lanes} estimate={case.estimate}")
+                census_state(setup, adm, case.lanes, case.estimate)
+                measure_census(setup, adm, case, iterations, bar)
+        finally:
+            adm.close()
+            adm.redis.close()
+            setup.close()
+        version = srv.version
+    for case in cases:
+        base = min((c for c in cases if c.lanes == case.lanes), key=lambda c: c.estimate)
+        case.vs_smallest = case.census_usec / base.census_usec if base.census_usec else float("nan")
+    return {
+        "engine": engine, "version": version, "python": platform.python_version(),
+        "machine": f"{platform.machine()} {os.cpu_count()} cpu", "platform": platform.platform(),
+        "iterations": iterations, "elapsed_s": round(time.perf_counter() - started, 1),
+        "census_cases": [asdict(c) for c in cases],
+    }
+
+
+CENSUS_COLUMNS = ("lanes", "estimate", "Σ bound", "census server µs/call", "tick server µs/call",
+                  "census p50", "tick p50", "census vs smallest")
+
+
+def render_census(result: dict[str, Any], markdown: bool = False) -> str:
+    rows = [[str(c["lanes"]), f"{c['estimate']:,}", f"{c['bounds']:,}", f"{c['census_usec']:.1f}",
+             f"{c['tick_usec']:.1f}", f"{c['census_p50']:.0f}", f"{c['tick_p50']:.0f}",
+             f"{c['vs_smallest']:.2f}×"] for c in result["census_cases"]]
+    head = (f"admission bench --census — {result['engine']} {result['version']}, Python {result['python']}, "
+            f"{result['machine']}; {result['iterations']:,} calls of each per case; times in µs")
+    notes = [
+        "server µs/call = INFO commandstats cmdstat_fcall over the calls (census and tick apart); "
+        "p50 = client round trip",
+        "each tick rebuilds the census (census:at cleared before it, untimed); it also sweeps and "
+        "takes no growth step (the growth clock was just reset)",
+        "Σ bound = the lanes' bounds in the census: the newcomers the rules would admit, which the "
+        "census no longer counts one decision at a time",
+        f"whole run {result['elapsed_s']:.0f} s",
+    ]
+    if markdown:
+        out = [f"**{head}**", "", "| " + " | ".join(CENSUS_COLUMNS) + " |",
+               "|" + "|".join("---:" for _ in CENSUS_COLUMNS) + "|"]
+        out += ["| " + " | ".join(r) + " |" for r in rows]
+        out += [""] + [f"- {n}" for n in notes]
+        return "\n".join(out)
+    widths = [max(len(CENSUS_COLUMNS[i]), *(len(r[i]) for r in rows)) for i in range(len(CENSUS_COLUMNS))]
+    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    out = [head, "", line(CENSUS_COLUMNS), line(["-" * w for w in widths])]
+    out += [line(r) for r in rows]
+    out += [""] + notes
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------
 # Output
 
 COLUMNS = ("lanes", "seats", "waiters", "admit p50", "admit p99", "release p50", "release p99",
@@ -498,6 +639,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seats", type=_ints, help=f"live seats held on the pool (default {DEFAULT['seats']})")
     p.add_argument("--waiters", type=_ints, help=f"waiter tickets on the pool (default {DEFAULT['waiters']})")
     p.add_argument("--iterations", type=int, help=f"timed iterations per case (default {DEFAULT['iterations']})")
+    p.add_argument("--census", action="store_true",
+                   help=f"instead of the admit grid: time census and tick at estimates {CENSUS_DEFAULT['estimates']} "
+                        f"with {CENSUS_DEFAULT['lanes']} lanes, {CENSUS_DEFAULT['iterations']} calls each")
+    p.add_argument("--estimates", type=_ints, help="with --census: the pool estimates (slots)")
     p.add_argument("--json", metavar="FILE", help="also save the figures as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -510,6 +655,7 @@ def quiet_logs(level: int = logging.WARNING) -> Iterator[None]:
     old = structlog.get_config()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level),
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    show(level, sys.stderr)
     try:
         yield
     finally:
@@ -518,6 +664,8 @@ def quiet_logs(level: int = logging.WARNING) -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.census:
+        return main_census(args)
     base = QUICK if args.quick else DEFAULT
     lanes = args.lanes or base["lanes"]
     if 0 in lanes:
@@ -531,6 +679,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run(args.engine, lanes, args.seats or base["seats"], args.waiters or base["waiters"],
                      iterations, progress=False if args.no_progress else None)
     print(render(result, markdown=args.markdown), flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+            fh.write("\n")
+    return 0
+
+
+def main_census(args: argparse.Namespace) -> int:
+    lanes = args.lanes or CENSUS_DEFAULT["lanes"]
+    estimates = args.estimates or CENSUS_DEFAULT["estimates"]
+    if 0 in lanes:
+        parser().error("--lanes: a policy needs at least one lane")
+    if 0 in estimates or max(estimates) > BIG_ESTIMATE:
+        parser().error(f"--estimates: whole numbers in 1..{BIG_ESTIMATE:,}")
+    if args.iterations is not None and args.iterations < 1:
+        parser().error("--iterations: at least 1")
+    with quiet_logs():
+        result = run_census(args.engine, lanes, estimates, args.iterations or CENSUS_DEFAULT["iterations"],
+                            progress=False if args.no_progress else None)
+    print(render_census(result, markdown=args.markdown), flush=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)

@@ -4,17 +4,21 @@
     admission census --url ... --mesh prod [--watch 2] [--json]
     admission events --url ... --mesh prod [--count 20]
     admission tick --url ... --mesh prod
+    admission doctor --url ... --mesh prod [--json]   (exit 0 ok, 1 problems found, 2 error)
     admission simulate ... | admission demo ... | admission demo-pod ... | admission bench ...
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 
 import structlog
 
+from . import doctor
+from ._log import show
 from .client import Admission
 from .errors import AdmissionError, Unavailable
 from .view import render_census
@@ -35,8 +39,12 @@ def _conn_args(p: argparse.ArgumentParser) -> None:
 def cmd_config(args) -> int:
     adm = _connect(args)
     if args.action == "apply":
-        version = adm.apply_policy(args.file, expected_version=args.expect_version)
-        print(f"applied {args.file} to mesh {args.mesh}: version {version}")
+        version = adm.apply_policy(args.file, expected_version=args.expect_version,
+                                   recovery_hold=not args.no_recovery_hold)
+        hold = float(adm.redis.hget(adm.core.config_key, "holdUntil") or 0)
+        print(f"applied {args.file} to mesh {args.mesh}: version {version}"
+              + (f"; new rounds wait {max(0.0, hold - time.time()):.0f} s for running rounds to re-assert"
+                 if hold else ""))
     else:
         print(json.dumps(adm.policy(), indent=2))
     return 0
@@ -69,6 +77,12 @@ def cmd_tick(args) -> int:
     return 0
 
 
+def cmd_doctor(args) -> int:
+    report = doctor.check(_connect(args).redis, args.mesh)
+    print(json.dumps(report.as_dict(), indent=2) if args.json else doctor.render(report, args.mesh))
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="admission", description="Shared admission for LLM agent rounds.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["apply", "show"])
     p.add_argument("file", nargs="?", help="policy TOML (for apply)")
     p.add_argument("--expect-version", type=int, default=None, help="compare-and-set on the current version")
+    p.add_argument("--no-recovery-hold", action="store_true",
+                   help="a mesh known to be new: no hold for running rounds to re-assert (see README)")
     _conn_args(p)
     p.set_defaults(func=cmd_config)
     p = sub.add_parser("census", help="print the census (read model)")
@@ -90,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tick", help="run the pool clock once")
     _conn_args(p)
     p.set_defaults(func=cmd_tick)
+    p = sub.add_parser("doctor", help="check that the counts agree with the live records (read-only; "
+                                      "exit 1 when problems are found)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _conn_args(p)
+    p.set_defaults(func=cmd_doctor)
     for name, module in DELEGATED.items():
         sub.add_parser(name, help=f"see `admission {name} --help`", add_help=False)
     sub.add_parser("demo-pod", help="one demo pod (docker-compose)", add_help=False)
@@ -107,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return pod_cli(argv[1:]) or 0
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings and up
+    show(logging.WARNING)
     args = build_parser().parse_args(argv)
     if args.command == "config" and args.action == "apply" and not args.file:
         print("admission config apply: FILE is required", file=sys.stderr)

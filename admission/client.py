@@ -16,18 +16,18 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import redis
-import structlog
+from ._log import get_logger
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from . import policy as policy_mod
 from . import scripts
 from .classify import outcome_of
-from .base import ClientBase
+from .base import ClientBase, PendingRelease
 from .core import UNREACHABLE, Call, Core, Decision, Released, Seat, Tick
-from .errors import Unavailable, WaitTimeout
+from .errors import AdmissionError, NoPolicy, NotYourSeat, Unavailable, WaitTimeout
 
-log = structlog.get_logger("admission")
+log = get_logger("admission")
 
 #: Fail fast: a decision under an unreachable Redis is a shed within about this long.
 CONNECT_TIMEOUT = 0.25
@@ -94,11 +94,15 @@ class Admission(ClientBase):
             raise Unavailable(f"admission unavailable: {exc}") from exc
 
     # -- policy --------------------------------------------------------------------------------
-    def apply_policy(self, policy: str | Path | Mapping[str, Any], expected_version: int | None = None) -> int:
-        """Validate and apply a policy (a TOML path or its dict form); returns the new version."""
-        version = self._exec_or_raise(self.core.apply(policy_of(policy), expected_version))
-        log.info("policy_applied", mesh=self.mesh, version=version)
-        return version
+    def apply_policy(self, policy: str | Path | Mapping[str, Any], expected_version: int | None = None, *,
+                     recovery_hold: bool = True, now: float | None = None) -> int:
+        """Validate and apply a policy (a TOML path or its dict form); returns the new version.
+        On a mesh without a policy (new, or wiped by a restart) new admissions wait one
+        heartbeat period unless ``recovery_hold=False`` (see apply_config.lua)."""
+        applied = self._exec_or_raise(self.core.apply(policy_of(policy), expected_version,
+                                                      recovery_hold=recovery_hold, now=now))
+        log.info("policy_applied", mesh=self.mesh, version=applied.version, hold_until=applied.hold_until)
+        return applied.version
 
     def policy(self) -> dict[str, Any]:
         return self._policy_of(self.redis.hmget(self.core.config_key, "version", "policy"))
@@ -112,14 +116,15 @@ class Admission(ClientBase):
                   now: float | None = None, draw: float | None = None, wait: bool = False,
                   parent: str | None = None, revision: str | None = None) -> Decision:
         """Ask once. ``wait=True`` leaves a waiter ticket when refused (renewed by this pod's
-        heartbeat). An unreachable Redis gives a refusal with reason ``admission-unavailable``."""
+        heartbeat). An unreachable Redis gives a refusal with reason ``admission-unavailable``.
+        A refused try (``wait=False``) changes nothing: a waiter elsewhere keeps its place."""
         call = self.core.admit(lane=lane, model=model, round_id=round_id, agent=agent, now=now, draw=draw,
                                wait=wait, parent=parent, revision=revision)
         try:
             d = self._exec(call)
         except UNREACHABLE as exc:
             log.warning("admission_unavailable", round=round_id, error=str(exc))
-            return self.core.unavailable(lane=lane, model=model, round_id=round_id)
+            d = self.core.unavailable(lane=lane, model=model, round_id=round_id)
         with self._cond:
             clock = self._note_decision(d, lane, wait)
         if clock:
@@ -132,35 +137,58 @@ class Admission(ClientBase):
 
     def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
                 cost_usd: float | None = None, now: float | None = None) -> Released:
-        """End a round: free the seat, count the outcome. Safe to retry after a lost reply."""
-        r = self._exec_or_raise(self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now))
+        """End a round: free the seat, count the outcome. Safe to retry after a lost reply.
+        The pod stops renewing the seat first, whatever the answer: an ended round is never
+        re-asserted."""
+        call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now)
         with self._cond:
             self._book.drop(seat.id)
-        return r
+        return self._exec_or_raise(call)
 
     def admit_waiting(self, *, lane: str, model: str, round_id: str, timeout: float = 600.0,
                       agent: str | None = None, parent: str | None = None, revision: str | None = None) -> Decision:
-        """Ask, and when refused wait as a waiter until admitted or ``timeout`` (WaitTimeout)."""
+        """Ask, and when refused wait as a waiter until admitted or ``timeout`` (WaitTimeout).
+        Every way out that is not an admission (timeout, an error, an interrupt) removes the
+        waiter from the pod's book and withdraws its ticket."""
         deadline = time.monotonic() + timeout
         ask = dict(lane=lane, model=model, round_id=round_id, agent=agent, parent=parent, revision=revision)
         with self._cond:
-            self._book.enqueue(lane, model, round_id)
-        d = self.try_admit(**ask, wait=True)
-        while not d.admitted:
-            with self._cond:
-                # only the pod's oldest waiter of this lane and pool re-asks: on a release of
-                # that pool, on the pool clock, or when the waiter before it was admitted
-                waker = self._waker(model)
-                while (left := deadline - time.monotonic()) > 0:
-                    waker.wait(min(left, self._tunables["grow_interval"]))
-                    if self._book.is_oldest(lane, model, round_id):
-                        break
-            if time.monotonic() >= deadline:
-                self._give_up(lane, model, round_id)
-                raise WaitTimeout(f"round {round_id} waited {timeout:g}s for {model} (last refusal: {d.reason})")
-            d = self.try_admit(**ask, wait=True)
+            self._check_free(round_id)
+            self._book.wait(lane, model, round_id)
+        if self.background:
+            self._ensure_clock()  # every waiting path has its clock (heartbeat, wake-ups)
+        d: Decision | None = None
+        try:
+            while True:
+                with self._cond:
+                    gen = self._gens.get(model, 0)
+                    self._book.asking(round_id)
+                d = self.try_admit(**ask, wait=True)
+                if d.admitted:
+                    break
+                if self._stale_tunables(d):
+                    self.tunables()  # the policy's own interval, not the default
+                self._sleep_until_turn(model, round_id, gen, self._retry_after(d), deadline)
+                if time.monotonic() >= deadline:
+                    raise WaitTimeout(f"round {round_id} waited {timeout:g}s for {model} (last refusal: {d.reason})")
+        finally:
+            if d is None or not d.admitted:
+                self._give_up(model, round_id)
         self._wake(model)  # the next oldest may ask now
         return d
+
+    def _sleep_until_turn(self, pool: str, round_id: str, gen: int, interval: float, deadline: float) -> None:
+        """Sleep until this waiter may ask again: it is the pod's oldest of its lane and pool (or
+        has no place yet), and the pool was woken since its last ask began (a wake-up during
+        the ask is not lost) or ``interval`` has passed."""
+        asked = time.monotonic()
+        with self._cond:
+            waker = self._waker(pool)
+            while (now := time.monotonic()) < deadline:
+                if self._book.may_ask(round_id) and (self._gens.get(pool, 0) != gen or now - asked >= interval):
+                    return
+                rest = asked + interval - now
+                waker.wait(min(deadline - now, rest if rest > 0 else interval))
 
     def _waker(self, pool: str) -> threading.Condition:
         """The condition a pool's waiters sleep on (call with the book's lock held)."""
@@ -171,17 +199,18 @@ class Admission(ClientBase):
     def _wake(self, pool: str | None = None) -> None:
         """Wake the waiters of one pool (a release there), or of every pool (the clock)."""
         with self._cond:
-            for waker in [self._waker(pool)] if pool else list(self._wakers.values()):
-                waker.notify_all()
+            for p in [pool] if pool else list(self._wakers):
+                self._gens[p] = self._gens.get(p, 0) + 1
+                self._waker(p).notify_all()
 
-    def _give_up(self, lane: str, pool: str, round_id: str) -> None:
+    def _give_up(self, pool: str, round_id: str) -> None:
         with self._cond:
-            self._book.dequeue(lane, pool, round_id)
+            self._book.leave(round_id)  # no heartbeat renews it from now on
         self._wake(pool)
         try:
             self._exec(self.core.withdraw(round_id))
-        except UNREACHABLE:
-            pass  # the ticket's lease expires on its own
+        except Exception as exc:  # noqa: BLE001 - the ticket's lease expires on its own
+            log.info("withdraw_failed", round=round_id, error=repr(exc))
 
     @contextlib.contextmanager
     def round(self, *, lane: str, model: str, round_id: str, timeout: float = 600.0,
@@ -193,30 +222,55 @@ class Admission(ClientBase):
         try:
             yield handle
         except BaseException as exc:
-            self._finish(handle, outcome_of(exc), started)
+            self._finish(handle, outcome_of(exc), started, raising=False)
             raise
         else:
-            self._finish(handle, handle.outcome or "clean", started)
+            self._finish(handle, handle.outcome or "clean", started, raising=True)
 
-    def _finish(self, handle: Round, outcome: str, started: float) -> None:
+    def _finish(self, handle: Round, outcome: str, started: float, raising: bool) -> None:
+        """The round ended: its seat leaves the book at once; the release is applied now, or kept
+        and retried by the clock while Redis cannot apply it, or recorded in the log."""
+        with self._cond:
+            self._book.drop(handle.seat.id)
+        rel, bad_cost = self._pending_release(handle, outcome, time.monotonic() - started)
+        self._apply_release(rel)
+        if bad_cost is not None and raising:
+            raise bad_cost
+
+    def _apply_release(self, rel: PendingRelease) -> bool:
+        """Apply a release; True when it is settled (applied, or refused for good and recorded)."""
         try:
-            self.release(handle.seat, outcome=outcome, seconds=time.monotonic() - started, cost_usd=handle.cost_usd)
-        except Unavailable:
+            self.release(rel.seat, outcome=rel.outcome, seconds=rel.seconds, cost_usd=rel.cost_usd, now=rel.now)
+        except (Unavailable, NoPolicy) as exc:
             with self._cond:
-                self._book.drop(handle.seat.id)  # stop renewing: the lease expires and the counts heal
-            log.warning("release_unavailable", round=handle.seat.id)
+                self._keep_pending(rel, type(exc).__name__)
+            return False
+        except AdmissionError as exc:
+            self._unapplied(rel, exc)
+        return True
+
+    def _retry_pending(self) -> None:
+        with self._cond:
+            todo = list(self._pending)
+            self._pending.clear()
+        for i, rel in enumerate(todo):
+            if not self._apply_release(rel):  # still not applicable: keep the rest in order
+                with self._cond:
+                    self._pending.extend(todo[i + 1:])
+                return
 
     # -- the clock -----------------------------------------------------------------------------
     def heartbeat(self, now: float | None = None):
         """Renew every lease this pod holds (one call); the background clock calls it."""
         with self._cond:
-            seats = [h.seat for h in self._book.seats.values()]
-            tickets = self._book.tickets()
-        hb = self._exec_or_raise(self.core.heartbeat(seats, tickets, now))
+            snap = self._book.snapshot()
+        hb = self._exec_or_raise(self.core.heartbeat(snap.seats_list(), list(snap.tickets), now))
         with self._cond:
-            lost = self._note_heartbeat(hb)
-        if lost or hb.reasserted or hb.lost_tickets:
-            log.warning("heartbeat_repair", lost=lost, reasserted=hb.reasserted, lost_tickets=hb.lost_tickets)
+            lost, lost_tickets, pools = self._note_heartbeat(snap, hb)
+        for pool in pools:
+            self._wake(pool)
+        if lost or hb.reasserted or lost_tickets:
+            log.warning("heartbeat_repair", lost=lost, reasserted=hb.reasserted, lost_tickets=lost_tickets)
         return hb
 
     def tick(self, now: float | None = None) -> Tick:
@@ -224,12 +278,34 @@ class Admission(ClientBase):
         return self._exec_or_raise(self.core.tick(now))
 
     def _watchdog(self) -> None:
+        """Report stalls and round caps; a signal counts as sent only once Redis applied it."""
         t = self._tunables
         with self._cond:
             due = self._book.overdue(t["stall_after"], t["round_cap"])
         for held, signal in due:
+            try:
+                self.report(held.seat, signal=signal)
+            except NotYourSeat:
+                pass  # the seat is another pod's now: nothing of ours to report
+            except AdmissionError as exc:  # unreachable, unknown until re-asserted: next beat
+                log.warning("report_retry", round=held.seat.id, signal=signal, error=str(exc))
+                continue
             log.warning("round_overdue", round=held.seat.id, signal=signal)
-            self.report(held.seat, signal=signal)
+            with self._cond:
+                self._book.signalled(held, signal)
+
+    def _step(self, name: str, fn) -> bool:
+        """One duty of the clock; a failing one never stops the others."""
+        try:
+            fn()
+            return True
+        except Exception as exc:  # keep the clock alive through outages
+            log.warning("clock_error", step=name, error=repr(exc))
+            return False
+
+    def _beat(self) -> None:
+        self.tunables()
+        self.heartbeat()
 
     def _ensure_clock(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -248,20 +324,22 @@ class Admission(ClientBase):
                 msg = pubsub.get_message(timeout=0.5)
                 if msg is not None:
                     self._wake(msg["data"].decode())
-                now = time.monotonic()
-                if now >= next_beat:
-                    t = self.tunables()
-                    self.heartbeat()
-                    self._watchdog()
-                    next_beat = now + t["lease_ttl"] / 3
-                if now >= next_tick:
-                    self.tick()
-                    next_tick = now + self._tunables["grow_interval"]
-                    self._wake()
-            except Exception as exc:  # keep the clock alive through outages
-                log.warning("clock_error", error=repr(exc))
+            except Exception as exc:
+                log.warning("clock_error", step="wake-ups", error=repr(exc))
                 pubsub = None
                 self._stop.wait(0.5)
+            now = time.monotonic()
+            if now >= next_beat:
+                # a failed heartbeat is retried on the next turn (about 0.5 s), not a period later
+                if self._step("heartbeat", self._beat):
+                    next_beat = now + self._tunables["lease_ttl"] / 3
+                self._step("watchdog", self._watchdog)
+                if self._pending:
+                    self._step("pending", self._retry_pending)
+            if now >= next_tick:
+                self._step("tick", self.tick)
+                next_tick = now + self._tunables["grow_interval"]
+                self._wake()
 
     def close(self) -> None:
         """Stop the background clock (held seats then expire with their leases)."""

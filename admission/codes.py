@@ -37,9 +37,18 @@ ERRORS = {
 ADMIT_REASONS = ("within-floor", "overdraft", "borrowed", "same-intent")
 #: Why a round was refused, in the order the checks run; ``full`` is a borrow (or a lane below
 #: its floor on a measured pool) that finds no free slot, so no draw was made.
-REFUSE_REASONS = ("behind-older", "reserved", "fair-share", "full", "draw")
+REFUSE_REASONS = ("recovering", "behind-older", "reserved", "fair-share", "full", "draw")
 #: The client's own refusal when Redis cannot be reached (DESIGN §8: absence sheds).
 UNAVAILABLE = "admission-unavailable"
 
 OUTCOMES = ("clean", "rate_limited", "stall", "round_cap", "error")
 LOAD_SIGNALS = ("rate_limited", "stall", "round_cap")
+
+#: Every signal word the one classifier (``admission/classify.py``, DESIGN §6) names: the outcomes
+#: above plus the provider closures. The Lua does not accept the closing words yet (the release
+#: still takes ``OUTCOMES``); the closure wiring adds them there.
+SIGNALS = ("clean", "rate_limited", "stall", "round_cap",
+           "key_daily_limit", "budget_reached", "credit", "key_rejected", "error")
+#: The signals that close a provider (every pool of it): the daily key limit and the daily budget
+#: until the next 00:00 UTC, credit (402) and a rejected key (401, other 403) for ``closed_for``.
+CLOSING_SIGNALS = ("key_daily_limit", "budget_reached", "credit", "key_rejected")

@@ -16,7 +16,7 @@ import numpy as np
 import redis
 
 from .codes import LOAD_SIGNALS, OUTCOMES, UNAVAILABLE, Status
-from .errors import BadArgument, BadName, from_reply
+from .errors import BadArgument, BadName, ScriptError, from_reply
 
 _MESH = re.compile(r"^[\w.\-]{1,64}$")
 
@@ -77,6 +77,12 @@ class Tick:
 
 
 @dataclass(frozen=True)
+class Applied:
+    version: int
+    hold_until: float  # 0: no recovery hold (see apply_config.lua)
+
+
+@dataclass(frozen=True)
 class Call:
     """One script call: which script, its keys and arguments, and how to decode the reply."""
 
@@ -98,11 +104,18 @@ def _now(now: float | None) -> str:
     return repr(float(now))
 
 
+#: The most one call may charge (USD). Money is integer micro-dollars in Redis: this bound keeps
+#: every amount and every day's ledger exact (well inside 2^53) and lets the scripts check it
+#: before their first write.
+MAX_COST_USD = 1_000_000
+
+
 def _money(cost_usd: float | None) -> str:
     if cost_usd is None:
         return ""
-    if isinstance(cost_usd, bool) or not isinstance(cost_usd, (int, float)) or not math.isfinite(cost_usd) or cost_usd < 0:
-        raise BadArgument(f"cost_usd must be a finite number >= 0, got {cost_usd!r}")
+    if (isinstance(cost_usd, bool) or not isinstance(cost_usd, (int, float)) or not math.isfinite(cost_usd)
+            or not 0 <= cost_usd <= MAX_COST_USD):
+        raise BadArgument(f"cost_usd must be a finite number in [0, {MAX_COST_USD}], got {cost_usd!r}")
     return str(round(cost_usd * 1_000_000))
 
 
@@ -226,15 +239,19 @@ class Core:
 
         return self._call("plan", args, decode)
 
-    def apply(self, policy: dict[str, Any], expected_version: int | None = None) -> Call:
+    def apply(self, policy: dict[str, Any], expected_version: int | None = None, *,
+              recovery_hold: bool = True, now: float | None = None) -> Call:
         token = uuid.uuid4().hex  # a new policy is new to every cache, even after a wipe
-        args = ["" if expected_version is None else str(expected_version), json.dumps(policy), token]
-        return self._call("apply_config", args, lambda r: int(r[1]))
+        args = ["" if expected_version is None else str(expected_version), json.dumps(policy), token,
+                _now(now), "1" if recovery_hold else "0"]
+        return self._call("apply_config", args, lambda r: Applied(int(r[1]), float(_s(r[2]))))
 
     # -- errors ------------------------------------------------------------------------------
     @staticmethod
     def translate(exc: redis.ResponseError) -> Exception:
-        return from_reply(str(exc)) or exc
+        """Every error reply becomes one of the package's exceptions: no raw ResponseError
+        leaves the client."""
+        return from_reply(str(exc)) or ScriptError(f"redis refused the call: {exc}")
 
 
 #: What the clients treat as "Redis cannot be reached".

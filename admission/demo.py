@@ -42,6 +42,7 @@ from typing import Any, Callable, Mapping, Sequence, TextIO
 import redis
 import structlog
 
+from ._log import show
 from .client import Admission, fail_fast_options
 from .errors import AdmissionError, NoPolicy, StaleVersion, Unavailable, WaitTimeout
 from .servers import LocalServer, find_server
@@ -170,7 +171,7 @@ def ensure_policy(adm: Admission) -> None:
     try:
         if adm.policy().get("version"):
             return
-        adm.apply_policy(demo_policy(), expected_version=0)
+        adm.apply_policy(demo_policy(), expected_version=0, recovery_hold=False)  # a new mesh
     except StaleVersion:
         pass  # another pod applied it first
 
@@ -547,6 +548,7 @@ def _pod_process(url: str, mesh: str, pod: str, seconds: float, pods: int, log_l
 def configure_logs(level: int, stream: TextIO | None = None) -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level),
                         logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr))
+    show(level, stream or sys.stderr)
 
 
 def _mp_context() -> multiprocessing.context.BaseContext:
@@ -573,7 +575,7 @@ def run_demo(seconds: float = DEFAULT_SECONDS, pods: int = DEFAULT_PODS, capacit
     with LocalServer(engine) as srv:
         client = redis.Redis.from_url(srv.url, **fail_fast_options(1.0, 5.0))
         adm = Admission(client, mesh=mesh, pod="demo-census", background=False)
-        adm.apply_policy(demo_policy())
+        adm.apply_policy(demo_policy(), recovery_hold=False)  # a fresh embedded server: nothing to re-assert
         reset_provider(client, mesh, capacity)
         tail = EventTail(client, mesh)
         tail.prime(adm.census())

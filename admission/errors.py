@@ -51,6 +51,15 @@ class WaitTimeout(AdmissionError, TimeoutError):
     """A round waited longer than its timeout; its waiter ticket was removed."""
 
 
+class RoundInProgress(AdmissionError):
+    """This pod already runs (or waits with) a round of this id: one live holder per round id."""
+
+
+class ScriptError(AdmissionError):
+    """Redis answered a script call with an error that is not one of the admission's own (for
+    example a server out of memory, or a script killed): nothing was applied by this client."""
+
+
 class Unavailable(AdmissionError, ConnectionError):
     """Redis could not be reached (only raised where no shed decision can stand in)."""
 

@@ -13,11 +13,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-import structlog
+from ._log import get_logger
 
 from .errors import PolicyError
 
-log = structlog.get_logger("admission.policy")
+log = get_logger("admission.policy")
 
 #: DESIGN §4 tunables: name -> (default, kind, lower bound, upper bound, inclusive lower).
 TUNABLES: dict[str, tuple[float, type, float, float]] = {
@@ -45,9 +45,14 @@ DEFAULT_RESERVE = {"triage": 0.30, "bugfix": 0.20, "reviews": 0.10, "babysitter"
                    "watchdog": 0.05, "express": 0.0}
 OTHER_RESERVE = 0.15
 MAX_LANES = 1000  # lanes/guaranteed: a lane's rank must fit in 10 bits of its sort key
+MAX_POOLS = 1000  # apply_config writes the catalog in one HSET: bounded so it never fails halfway
+#: Which clock a mesh's scripts use: Redis' own TIME (production), or a `now` the caller passes
+#: (tests and the simulator). One clock per mesh, so a caller's `now` can never judge another
+#: pod's lease.
+CLOCKS = ("server", "caller")
 
 _RETIRED = re.compile(r"(?i)^(max_?concurren(t|cy)\w*|max_?(rounds|agents|running|in_?flight)|concurrency(_?(cap|limit))?)$")
-_TOP_KEYS = {"tunables", "lanes", "providers", "pools"}
+_TOP_KEYS = {"tunables", "lanes", "providers", "pools", "clock"}
 _LANE_KEYS = {"floor", "weight", "priority", "reserve", "pools"}
 _PROVIDER_KEYS = {"route", "kind", "daily_limit_usd"}
 _POOL_KEYS = {"tier", "tokens"}
@@ -139,6 +144,8 @@ def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
         pools.append({"name": name, "provider": provider, **p})
     if not pools:
         raise PolicyError('policy needs at least one pool: [pools."model@provider"]')
+    if len(pools) > MAX_POOLS:
+        raise PolicyError(f"policy has {len(pools)} pools; at most {MAX_POOLS}")
     catalog = {p["name"] for p in pools}
 
     lanes = []
@@ -170,4 +177,7 @@ def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
     if total > 1 + 1e-9:
         raise PolicyError(f"lane floors are shares of a pool and must sum to <= 1, got {total:g}")
     lanes.sort(key=lambda l: (-l["priority"], l["name"]))
-    return {"tunables": tunables, "lanes": lanes, "providers": providers, "pools": pools}
+    clock = raw.get("clock", "server")
+    if clock not in CLOCKS:
+        raise PolicyError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    return {"tunables": tunables, "lanes": lanes, "providers": providers, "pools": pools, "clock": clock}

@@ -222,6 +222,14 @@ class LocalServer:
                   version=self.version, pid=self.pid)
         return self
 
+    def restart(self) -> "LocalServer":
+        """Kill the server and start a new one on the same port. Without persistence every key
+        is gone, as after a crash of an unpersisted Redis (recovery tests)."""
+        self._kill()
+        self._spawn()
+        self._wait_ready()
+        return self
+
     def stop(self) -> None:
         """Terminate (SIGTERM, then SIGKILL after stop_timeout), wait, clean up."""
         with _live_lock:

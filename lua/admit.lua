@@ -18,7 +18,8 @@
     the queue; `now` when it holds no ticket)
     pod: the pod that holds the seat (same-intent: possibly another pod than the asker)
     status ADMITTED with reason within-floor | overdraft | borrowed | same-intent
-    status REFUSED  with reason behind-older | reserved | fair-share | full | draw
+    status REFUSED  with reason recovering | behind-older | reserved | fair-share | full | draw
+    (a refused try, wait = 0, leaves a waiter's ticket on another pool or lane where it is)
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_LANE, ADM_UNKNOWN_POOL, ADM_NO_CONFIG
 ]]
 --@include "codes"
@@ -55,20 +56,21 @@ return run(function()
 
   sweep(now, SWEEP_PER_ADMIT)
 
-  -- One decision per intent: a live seat answers again with the same decision.
+  local ticket = read_hash(key('ticket', id))
+
+  -- One decision per intent: a live seat answers again with the same decision. A seat and a
+  -- ticket never exist for one id: the asker's ticket goes (it asked after a lapse, say).
   local seat = read_hash(key('seat', id))
   if seat then
+    if ticket then drop_ticket(id, ticket) end
     local p = load_pool(T, seat.pool)
     return {STATUS.ADMITTED, 'same-intent', seat.pool, id, tonumber(seat.seq), seat.lane,
       fmt(p.est), p.running, slots(p), cfg.version, seat.at, seat.pod}
   end
 
-  -- A waiter that moved to another pool or lane gives up its old place.
-  local ticket = read_hash(key('ticket', id))
-  if ticket and (ticket.pool ~= pool or ticket.lane ~= lane) then
-    drop_ticket(id, ticket)
-    ticket = nil
-  end
+  -- A waiter asking on another pool or lane keeps its place unless it is admitted there, or
+  -- asks to wait there (then it moves).
+  local elsewhere = ticket and (ticket.pool ~= pool or ticket.lane ~= lane)
 
   -- Seams, in DESIGN §5 order, for the later issues: 0 delegated, 1 closed provider, 2 budget reserve.
 
@@ -76,8 +78,10 @@ return run(function()
   local L = load_lanes(cfg, pool)
   local admitted, reason = false, nil
 
+  -- After a restart the pods' running rounds are unknown until their heartbeats re-assert them.
+  if now < cfg.hold_until then reason = 'recovering' end
   -- 3. Oldest first: a newcomer does not pass the older waiters of its own lane.
-  if L.wait[lane] > 0 then
+  if not reason and L.wait[lane] > 0 then
     local oldest = redis.call('ZRANGE', key('wait', pool, lane), 0, 0)[1]
     if oldest ~= id then reason = 'behind-older' end
   end
@@ -90,13 +94,21 @@ return run(function()
       now + T.lease_ttl)
     redis.call('DEL', key('gone', id))
     p.running = p.running + 1
+    -- more waiters and a slot still free: wake them now (every pod), not at the next clock
+    local waiting = p.waiting - ((ticket and not elsewhere) and 1 or 0)
+    if waiting > 0 and p.running < slots(p) then wake(pool) end
     event('admitted', 'round', id, 'lane', lane, 'pool', pool, 'pod', pod, 'reason', reason)
     return reply(STATUS.ADMITTED, reason, p.seq, p, now)
   end
 
   redis.call('HSET', key('pool', pool), 'lastDemand', fmt(now))
   local since = now
-  if ticket then
+  if elsewhere then
+    if want_wait then
+      drop_ticket(id, ticket)
+      since = add_ticket(pool, lane, id, pod, agent, now, now + T.lease_ttl)
+    end
+  elseif ticket then
     since = tonumber(ticket.since)
     if want_wait then redis.call('ZADD', key('tickets'), now + T.lease_ttl, id) end
   elseif want_wait then

@@ -8,13 +8,21 @@
   ARGV[2]  policy JSON: {lanes: [{name, floor, weight, priority, reserve, pools?}],
              tunables: {name: number}, providers: {name: {...}}, pools: [{name, provider}], ...}
   ARGV[3]  token: a unique id of this apply (the client draws it), so caches see a new policy
+  ARGV[4]  now ('' = Redis TIME; a `now` only with the policy's clock = "caller")
+  ARGV[5]  recovery hold: 1 = when the mesh had no policy (new, or wiped by a restart without
+           persistence), refuse new admissions (`recovering`) for one heartbeat period
+           (lease_ttl / 3 + 1 s) so the pods' heartbeats re-assert the rounds still running
+           before anything is admitted on top of them; 0 = no hold (a mesh known to be new)
 
-  Reply: {status, new version}
+  Reply: {status, new version, hold until (0 = none)}
   Errors: ADM_BAD_POLICY, ADM_BAD_NAME, ADM_STALE_VERSION
 ]]
 --@include "codes"
 --@include "util"
 --@include "events"
+
+local MAX_LANES, MAX_POOLS = 1000, 1000 -- bounds every later write needs (one HSET, one HMGET)
+local RECOVERY_MARGIN = 1 -- seconds past one heartbeat period
 
 local TUNABLES = {'seed_estimate', 'max_estimate', 'slow_start_factor', 'grow_interval', 'growth_rate',
   'probe_after', 'decrease_factor', 'high_free', 'lease_ttl', 'stall_after', 'round_cap', 'starved_after',
@@ -26,6 +34,7 @@ return run(function()
   if not ok or type(policy) ~= 'table' then fail(ERR.BAD_POLICY, 'policy is not a JSON object') end
   local function need(cond, msg) if not cond then fail(ERR.BAD_POLICY, msg) end end
   need(type(policy.lanes) == 'table' and #policy.lanes > 0, 'policy needs at least one lane')
+  need(#policy.lanes <= MAX_LANES, 'policy has more than ' .. MAX_LANES .. ' lanes')
   for _, l in ipairs(policy.lanes) do
     check_name('lane', l.name)
     need(type(l.floor) == 'number' and l.floor >= 0 and l.floor <= 1, 'lane ' .. l.name .. ': floor must be in [0, 1]')
@@ -38,6 +47,14 @@ return run(function()
     need(type(v) == 'number' and v == v and v > 0 and v < math.huge, 'tunable ' .. t .. ' must be a number > 0')
   end
   need(type(policy.pools) == 'table' and #policy.pools > 0, 'policy needs at least one pool')
+  need(#policy.pools <= MAX_POOLS, 'policy has more than ' .. MAX_POOLS .. ' pools')
+  local clock_mode = policy.clock or 'server'
+  need(clock_mode == 'server' or clock_mode == 'caller', 'clock must be server or caller')
+  local now
+  if ARGV[4] == nil or ARGV[4] == '' then now = clock('')
+  elseif clock_mode ~= 'caller' then fail(ERR.BAD_ARG, CALLER_CLOCK_ONLY)
+  else now = check_num('now', ARGV[4], nil, 0) end
+  local want_hold = check_one_of('recovery hold', ARGV[5] or '0', {['0'] = true, ['1'] = true}) == '1'
   local names = {}
   for _, p in ipairs(policy.pools) do
     check_name('pool', p.name)
@@ -54,14 +71,21 @@ return run(function()
   for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
     if string.sub(f, 1, 5) == 'pool:' then stale[#stale + 1] = f end
   end
-  if #stale > 0 then redis.call('HDEL', KEYS[1], unpack(stale)) end
+  for i = 1, #stale, 500 do -- chunks: unpack has a stack limit
+    redis.call('HDEL', KEYS[1], unpack(stale, i, math.min(i + 499, #stale)))
+  end
+  -- A mesh without a policy is new or was wiped: its pods' rounds may still run, unknown to
+  -- Redis until their next heartbeat. Hold new admissions for one heartbeat period.
+  local hold = 0
+  if want_hold and current == 0 then hold = now + policy.tunables.lease_ttl / 3 + RECOVERY_MARGIN end
   local fields = {'version', current + 1, 'token', token, 'lanes', cjson.encode(policy.lanes),
-    'tunables', cjson.encode(policy.tunables), 'pools', cjson.encode(names), 'policy', ARGV[2]}
+    'tunables', cjson.encode(policy.tunables), 'pools', cjson.encode(names), 'policy', ARGV[2],
+    'clock', clock_mode, 'holdUntil', fmt(hold)}
   for _, p in ipairs(policy.pools) do
     fields[#fields + 1] = 'pool:' .. p.name
     fields[#fields + 1] = p.provider
   end
   redis.call('HSET', KEYS[1], unpack(fields))
-  event('config', 'version', current + 1)
-  return {STATUS.OK, current + 1}
+  event('config', 'version', current + 1, 'holdUntil', fmt(hold))
+  return {STATUS.OK, current + 1, fmt(hold)}
 end)

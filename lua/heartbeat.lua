@@ -10,8 +10,9 @@
   ARGV[4..] S groups of (seat id, seq, lane, pool, admitted at), then the waiter ticket ids
 
   Reply: {status, est. lease expiry, lost seat ids (array), re-asserted seat ids (array), lost ticket ids (array)}
-    a lost seat was released, or belongs to another pod now; a lost ticket must ask again
-  Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_LANE, ADM_UNKNOWN_POOL, ADM_NO_CONFIG
+    a lost seat was released, or belongs to another pod now; a lost ticket must ask again (a
+    ticket whose lane or pool left the policy is removed and reported lost)
+  Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_NO_CONFIG
 ]]
 --@include "codes"
 --@include "util"
@@ -24,13 +25,15 @@ return run(function()
   local n = check_num('seat count', ARGV[3], nil, 0)
   local cfg = load_config(nil)
   if #ARGV < 3 + 5 * n then fail(ERR.BAD_ARG, 'expected ' .. n .. ' seat groups of 5 arguments') end
+  -- Seats are checked by name only: a seat whose lane or pool left the policy while its round
+  -- runs is still renewed (and counted where it runs) until it ends. A live policy change must
+  -- never make a live lease lapse.
   local seats = {}
   for i = 0, n - 1 do
     local b = 4 + 5 * i
-    local s = {id = check_name('seat id', ARGV[b]), seq = check_num('seq', ARGV[b + 1], nil, 1),
-      lane = check_lane(cfg, ARGV[b + 2]), pool = ARGV[b + 3], at = check_num('admitted at', ARGV[b + 4], nil, 0)}
-    check_pool(s.pool)
-    seats[#seats + 1] = s
+    seats[#seats + 1] = {id = check_name('seat id', ARGV[b]), seq = check_num('seq', ARGV[b + 1], nil, 1),
+      lane = check_name('lane', ARGV[b + 2]), pool = check_name('pool', ARGV[b + 3]),
+      at = check_num('admitted at', ARGV[b + 4], nil, 0)}
   end
   local tickets = {}
   for i = 4 + 5 * n, #ARGV do tickets[#tickets + 1] = check_name('ticket id', ARGV[i]) end
@@ -51,7 +54,10 @@ return run(function()
       if gone and gone.state == 'released' then
         lost[#lost + 1] = s.id
       else
-        -- expired under a live pod, or lost by the server: the round is still running
+        -- expired under a live pod, or lost by the server: the round is still running. A
+        -- ticket of the same id (another pod asked after the lapse) goes: one id, one holder.
+        local t = read_hash(key('ticket', s.id))
+        if t then drop_ticket(s.id, t) end
         add_seat(cfg, s.pool, s.lane, s.id, {pod = pod, at = s.at, seq = s.seq}, until_)
         -- a wiped pool restarts its sequence: keep it past the seats it still has
         if (tonumber(redis.call('HGET', key('pool', s.pool), 'seq')) or 0) < s.seq then
@@ -62,9 +68,16 @@ return run(function()
       end
     end
   end
+  -- A ticket is renewed only while its lane and pool are in the policy: a waiter of a removed
+  -- lane or pool must not head a queue (or count as demand) for as long as its pod lives.
   for _, id in ipairs(tickets) do
-    local t = redis.call('HGET', key('ticket', id), 'pod')
-    if t == pod then redis.call('ZADD', key('tickets'), until_, id) else lost_tickets[#lost_tickets + 1] = id end
+    local t = read_hash(key('ticket', id))
+    if t and t.pod == pod and cfg.lane[t.lane] and redis.call('HEXISTS', KEYS[1], 'pool:' .. t.pool) == 1 then
+      redis.call('ZADD', key('tickets'), until_, id)
+    else
+      if t and t.pod == pod then drop_ticket(id, t) end
+      lost_tickets[#lost_tickets + 1] = id
+    end
   end
   return {STATUS.OK, fmt(until_), lost, reasserted, lost_tickets}
 end)

@@ -1,6 +1,7 @@
 --[[
   plan — how many of `wanted` new rounds of a lane would start now on each pool; nothing is
-  seated and nothing written. Allowance(lane) is the sum over the lane's pools.
+  seated and nothing written. Allowance(lane) is the sum over the lane's pools. O(lanes) per
+  pool, whatever `wanted` and the estimate (decide.lua in_a_row).
 
   KEYS[1]  adm:{<mesh>}:config
   ARGV[1]  lane

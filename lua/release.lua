@@ -8,7 +8,7 @@
   ARGV[3]  pod
   ARGV[4]  outcome: clean | rate_limited | stall | round_cap | error
   ARGV[5]  seconds the round ran (>= 0)
-  ARGV[6]  cost in integer micro-USD (>= 0; '' = not priced)
+  ARGV[6]  cost in integer micro-USD (0..1e12; '' = not priced; the day's ledger entry stays <= 2^53)
   ARGV[7]  now ('' = Redis TIME)
 
   Reply: {status, pool, decreased (0/1), est}
@@ -28,19 +28,17 @@ return run(function()
   local id, seq, pod = seat_args()
   local outcome = check_one_of('outcome', ARGV[4], OUTCOMES)
   local seconds = check_num('seconds', ARGV[5], 0, 0)
-  local cost = nil
-  if ARGV[6] ~= '' then
-    cost = check_num('cost', ARGV[6], nil, 0)
-    if cost ~= math.floor(cost) then fail(ERR.BAD_ARG, 'cost must be whole micro-USD, got ' .. ARGV[6]) end
-  end
+  if ARGV[6] ~= '' then check_num('cost', ARGV[6], nil, 0) end
   local now = clock(ARGV[7])
   local cfg = load_config(nil)
 
   local s = check_owner(id, read_hash(key('seat', id)), seq, pod)
+  local cost
   if not s then
     local gone = check_owner(id, read_gone(id), seq, pod)
     if not gone then fail(ERR.UNKNOWN_SEAT, 'no seat ' .. id .. ' (never admitted, or gone for a day)') end
     if gone.state == 'released' then return {STATUS.ALREADY_RELEASED, gone.pool, 0, ''} end
+    cost = check_cost(ARGV[6], gone.lane, gone.pool, now)
     -- expired under a live round (a slow heartbeat): the counts were healed by the sweep; the
     -- round still ran, so count what it saw, once
     local p = load_pool(cfg.T, gone.pool)
@@ -50,6 +48,7 @@ return run(function()
     return {STATUS.EXPIRED, gone.pool, decreased and 1 or 0, fmt(p.est)}
   end
 
+  cost = check_cost(ARGV[6], s.lane, s.pool, now)
   local p = load_pool(cfg.T, s.pool)
   local decreased = apply_outcome(cfg, p, s.lane, now, outcome, seconds, cost, seq)
   drop_seat(id, s, 'released')

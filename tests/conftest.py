@@ -8,6 +8,11 @@ Fixtures (see the report header for what this run uses):
   server_pool   session pool: server_pool.get("redis") -> LocalServer
   cluster       session LocalCluster (3 masters); never flushed, use unique keys
 
+After every test that used `redis_client` or `server_url`, the doctor (lua/doctor.lua) runs on
+every mesh the server holds (a config, seats or tickets) and the test errors at teardown when the
+counts disagree with the records. A test that corrupts the state on purpose is marked
+`@pytest.mark.corrupts_state`; a test that already failed is not checked again.
+
 Environment:
   ADMISSION_ENGINES=fakeredis | redis,valkey | ...   restrict the engines
   ADMISSION_REQUIRE_ENGINES=redis,valkey  with CI=true: abort the session if
@@ -21,6 +26,7 @@ import os
 import pytest
 import redis
 
+from admission import doctor
 from admission.servers import (
     ENGINES as REAL_ENGINES,
     LocalCluster,
@@ -87,6 +93,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         pytest.exit(f"ADMISSION_REQUIRE_ENGINES: required engine(s) unusable ({detail})", returncode=3)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # registered here, not in pyproject.toml, so the marker lives next to the fixture that reads it
+    config.addinivalue_line(
+        "markers", "corrupts_state: the test corrupts the state on purpose; the doctor does not check it at teardown")
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     return _engine_lines()
 
@@ -116,6 +128,47 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.real)
             item.add_marker(pytest.mark.cluster)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    # keep each phase's report on the item, so a fixture's teardown can see how the test went
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"_adm_rep_{rep.when}", rep)
+
+
+# --------------------------------------------------------------------------
+# The doctor after every test that touched state
+
+_MESH_KEYS = ("adm:{*}:config", "adm:{*}:seats", "adm:{*}:tickets")
+
+
+def meshes(client: redis.Redis) -> list[str]:
+    """Every mesh the server holds: a policy, or seats or tickets without one."""
+    found = set()
+    for pattern in _MESH_KEYS:
+        for k in client.scan_iter(match=pattern, count=1000):
+            k = k.decode() if isinstance(k, bytes) else k
+            found.add(k[len("adm:{"):k.rindex("}:")])
+    return sorted(found)
+
+
+def assert_doctor_ok(client: redis.Redis) -> None:
+    bad = []
+    for mesh in meshes(client):
+        report = doctor.check(client, mesh)
+        if not report.ok:
+            bad.append(doctor.render(report, mesh))
+    if bad:
+        pytest.fail("the doctor found problems after the test:\n" + "\n".join(bad), pytrace=False)
+
+
+def _doctor_at_teardown(request: pytest.FixtureRequest) -> bool:
+    if request.node.get_closest_marker("corrupts_state") is not None:
+        return False
+    rep = getattr(request.node, "_adm_rep_call", None)
+    return rep is None or rep.passed
 
 
 # --------------------------------------------------------------------------
@@ -158,7 +211,7 @@ def engine(request) -> str:
 
 
 @pytest.fixture
-def redis_client(engine, server_pool):
+def redis_client(engine, server_pool, request):
     if engine == "fakeredis":
         import fakeredis
 
@@ -167,7 +220,26 @@ def redis_client(engine, server_pool):
     else:
         client = _flushed_client(server_pool.get(engine))
     yield client
-    client.close()
+    try:
+        if _doctor_at_teardown(request):
+            assert_doctor_ok(client)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def async_client_factory(engine, server_pool):
+    """Makes asyncio clients of one server of `engine` (fakeredis: one FakeServer), emptied once."""
+    if engine == "fakeredis":
+        import fakeredis
+
+        server = fakeredis.FakeServer()
+        return lambda: fakeredis.FakeAsyncRedis(server=server)
+    import redis.asyncio as aredis
+
+    srv = server_pool.get(engine)
+    srv.client().flushall()
+    return lambda: aredis.Redis.from_url(srv.url)
 
 
 @pytest.fixture(params=_params(REAL, "real server engine"))
@@ -176,9 +248,16 @@ def real_engine(request) -> str:
 
 
 @pytest.fixture
-def server_url(real_engine, server_pool) -> str:
+def server_url(real_engine, server_pool, request):
     _flushed_client(server_pool.get(real_engine)).close()
-    return server_pool.get(real_engine).url
+    url = server_pool.get(real_engine).url
+    yield url
+    if _doctor_at_teardown(request):
+        client = redis.Redis.from_url(url)
+        try:
+            assert_doctor_ok(client)
+        finally:
+            client.close()
 
 
 @pytest.fixture(scope="session")

@@ -17,13 +17,13 @@ def policy(lanes: dict[str, dict[str, Any]] | None = None, pools: tuple[str, ...
                       "b": {"floor": 0.3, "weight": 1, "priority": 1}}
     providers = {p.rpartition("@")[2]: {} for p in pools}
     return {"tunables": {"lease_ttl": 10_000, **tunables}, "lanes": copy.deepcopy(lanes),
-            "providers": providers, "pools": {p: {} for p in pools}}
+            "providers": providers, "pools": {p: {} for p in pools}, "clock": "caller"}
 
 
 def adm(client, pod: str = "pod-a", mesh: str = "t", pol: dict | None = None, apply: bool = True) -> Admission:
     a = Admission(client, mesh=mesh, pod=pod, background=False, seed=1)
     if apply:
-        a.apply_policy(pol or policy())
+        a.apply_policy(pol or policy(), recovery_hold=False)  # a new mesh: nothing to re-assert
     return a
 
 

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-import fakeredis
 import pytest
-import redis.asyncio as aredis
 
 from admission import AsyncAdmission, Status, WaitTimeout
 
@@ -14,20 +12,10 @@ from helpers import POOL, T0, policy
 ONE_LANE = {"x": {"floor": 0, "weight": 1, "priority": 1}}
 
 
-@pytest.fixture
-def async_client_factory(engine, server_pool):
-    if engine == "fakeredis":
-        server = fakeredis.FakeServer()
-        return lambda: fakeredis.FakeAsyncRedis(server=server)
-    srv = server_pool.get(engine)
-    srv.client().flushall()
-    return lambda: aredis.Redis.from_url(srv.url)
-
-
 def test_async_admit_release_census_plan(async_client_factory):
     async def main():
         a = AsyncAdmission(async_client_factory(), mesh="t", pod="p", background=False)
-        assert await a.apply_policy(policy(ONE_LANE)) == 1
+        assert await a.apply_policy(policy(ONE_LANE), recovery_hold=False) == 1
         d1 = await a.try_admit(lane="x", model=POOL, round_id="r1", now=T0, draw=0.0)
         d2 = await a.try_admit(lane="x", model=POOL, round_id="r2", now=T0, draw=0.0)
         d3 = await a.try_admit(lane="x", model=POOL, round_id="r3", now=T0, draw=0.0)
@@ -46,7 +34,7 @@ def test_async_admit_release_census_plan(async_client_factory):
 def test_async_round_waits_and_is_woken(async_client_factory):
     async def main():
         holder = AsyncAdmission(async_client_factory(), mesh="t", pod="a", background=False)
-        await holder.apply_policy(policy(ONE_LANE, grow_interval=60, max_estimate=2))
+        await holder.apply_policy(policy(ONE_LANE, grow_interval=60, max_estimate=2), recovery_hold=False)
         seats = [(await holder.try_admit(lane="x", model=POOL, round_id=f"h{i}")).seat for i in range(2)]
         waiter = AsyncAdmission(async_client_factory(), mesh="t", pod="b")
 
@@ -67,7 +55,7 @@ def test_async_wait_timeout_removes_the_ticket(async_client_factory):
     async def main():
         client = async_client_factory()
         a = AsyncAdmission(client, mesh="t", pod="a", background=False)
-        await a.apply_policy(policy(ONE_LANE, grow_interval=0.2))
+        await a.apply_policy(policy(ONE_LANE, grow_interval=0.2), recovery_hold=False)
         for i in range(2):
             await a.try_admit(lane="x", model=POOL, round_id=f"h{i}")
         with pytest.raises(WaitTimeout):

@@ -199,7 +199,7 @@ def test_heartbeat_re_asserts_seats_the_server_lost(redis_client):
     a = adm(redis_client, pol=pol)
     seat = Rounds(a).fill("x", 1)[0]
     redis_client.flushall()                         # a restart without persistence
-    a.apply_policy(pol)
+    a.apply_policy(pol, recovery_hold=False)
     hb = a.heartbeat(now=T0 + 5)
     assert hb.reasserted == [seat.id]
     assert pool_state(redis_client)["running"] == "1"

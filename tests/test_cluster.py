@@ -24,6 +24,7 @@ from admission import Admission, Status, WaitTimeout
 POOL = "m@sim"
 POLICY = {
     "tunables": {"seed_estimate": 2, "grow_interval": 5, "lease_ttl": 30},
+    "clock": "caller",
     "lanes": {"alpha": {"floor": 0.5, "weight": 3, "priority": 30},
               "beta": {"floor": 0.3, "weight": 1, "priority": 20},
               "gamma": {"floor": 0.0, "weight": 2, "priority": 10}},
@@ -70,7 +71,7 @@ def _exercise(rc: RedisCluster, mesh: str) -> dict:
     """One mesh's life on the cluster; returns what it left running/waiting."""
     adm = Admission(rc, mesh=mesh, pod="pod-a", background=False, seed=1)
     other = Admission(rc, mesh=mesh, pod="pod-b", background=False, seed=2)
-    assert adm.apply_policy(POLICY) == 1
+    assert adm.apply_policy(POLICY, recovery_hold=False) == 1
     assert adm.policy()["version"] == 1 and adm.tunables()["lease_ttl"] == 30
     t = time.time()  # near Redis' clock: admit_waiting below runs on real time
     a1 = adm.try_admit(lane="alpha", model=POOL, round_id="a1", now=t, draw=0.0)
@@ -168,7 +169,7 @@ def test_background_round_and_wakeup_on_cluster(rc):
     release wake-up published from inside the release script."""
     (mesh,) = _meshes_on_distinct_nodes(rc, 1)
     setup = Admission(rc, mesh=mesh, pod="setup", background=False)
-    setup.apply_policy(POLICY)
+    setup.apply_policy(POLICY, recovery_hold=False)
     sub = rc.pubsub()
     sub.subscribe(f"adm:{{{mesh}}}:wake")
     deadline = time.monotonic() + 5

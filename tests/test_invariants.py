@@ -5,7 +5,8 @@ draws) over two pools and three lanes: admits (try / wait), re-asks of waiters, 
 every outcome, retried releases, mid-round load signals, heartbeats, and pool-clock ticks that
 sometimes jump past the lease so the pods that did not heartbeat lose their seats and tickets.
 
-After every step the state is read straight from Redis and checked (DESIGN §3, §5, §10):
+After every step the doctor (lua/doctor.lua) must find nothing, and the state is read straight
+from Redis and checked again in Python (docs/design.md §3, §5, §10):
   * per pool and lane: `lanes:<p>[<lane>]` == live `seat:<id>` records of that lane/pool,
     `lanes:<p>[<lane>|w]` == ZCARD `wait:<p>:<lane>` == `ticket:<id>` records of that lane/pool;
   * pool `running` / `waiting` == the sums over lanes; nothing negative; `seats`/`tickets`
@@ -35,7 +36,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition, rule,
                                  run_state_machine_as_test)
 
-from admission import Admission, Status, UnknownSeat
+from admission import Admission, Status, UnknownSeat, doctor
 from admission.codes import ADMIT_REASONS, REFUSE_REASONS
 
 MESH = "inv"
@@ -52,6 +53,7 @@ LEASE_TTL = 30.0
 T0 = 1_700_000_000.0
 POLICY = {
     "tunables": {"seed_estimate": 2, "grow_interval": 10, "lease_ttl": LEASE_TTL},
+    "clock": "caller",
     "lanes": {n: {"floor": f, "weight": w, "priority": p} for n, (f, w, p) in LANE_CFG.items()},
     "providers": {"sim": {}},
     "pools": {p: {} for p in POOLS},
@@ -74,7 +76,7 @@ def _hash(client, key: str) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# DESIGN §5.4 in Python, an independent oracle for lanes.lua `guaranteed`
+# docs/design.md §5.4 in Python, an independent oracle for lanes.lua `guaranteed`
 
 
 def _sorted_lanes():
@@ -141,8 +143,12 @@ def _int(h: dict, f: str) -> int:
 
 
 def check_counts(client) -> dict:
+    # the doctor (lua/doctor.lua) must agree with the checks below, which read the records by SCAN
+    report = doctor.check(client, MESH)
     st_ = read_state(client)
     seats, tickets = st_["seats"], st_["tickets"]
+    assert report.ok, doctor.render(report, MESH)
+    assert (report.seats, report.tickets) == (len(seats), len(tickets)), (report, sorted(seats), sorted(tickets))
     assert set(st_["seat_leases"]) == set(seats), "`seats` zset and seat records disagree"
     assert set(st_["ticket_leases"]) == set(tickets), "`tickets` zset and ticket records disagree"
     # one decision per intent: a seated round is not also waiting (the machine never re-asks a
@@ -187,7 +193,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.client = type(self).make_client()
         self.pods = {name: Admission(self.client, mesh=MESH, pod=name, background=False, seed=i)
                      for i, name in enumerate(PODS)}
-        self.pods[PODS[0]].apply_policy(POLICY)
+        self.pods[PODS[0]].apply_policy(POLICY, recovery_hold=False)
         self.now = T0
         self.n = 0
         self.asked: dict[str, tuple[str, str, str]] = {}  # round id -> (pod, lane, pool) of wait=True asks
@@ -245,7 +251,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         return d
 
     def _check_rule(self, before: dict, d, pool: str, lane: str, rid: str) -> None:
-        """The admission's reason, recomputed from the state just before it (DESIGN §5)."""
+        """The admission's reason, recomputed from the state just before it (docs/design.md §5)."""
         lanes, p = before["lanes"][pool], before["pools"][pool]
         run = {l: _int(lanes, l) for l in LANES}
         wait = {l: _int(lanes, l + "|w") for l in LANES}
@@ -411,7 +417,7 @@ def test_counts_invariants(engine, redis_client):
 
 
 def test_guaranteed_oracle_examples():
-    """The Python oracle itself, on DESIGN §5.4's rules."""
+    """The Python oracle itself, on docs/design.md §5.4's rules."""
     zero = {l: 0 for l in LANES}
     # only the asking lane has work: floor(0.5 * 2) = 1
     assert guaranteed(zero, zero, 2, "alpha") == {"alpha": 1, "beta": 0, "gamma": 0}
@@ -429,7 +435,7 @@ def test_guaranteed_oracle_examples():
 def _pods(client):
     a = Admission(client, mesh=MESH, pod="pod-a", background=False, seed=1)
     b = Admission(client, mesh=MESH, pod="pod-b", background=False, seed=2)
-    a.apply_policy(POLICY)
+    a.apply_policy(POLICY, recovery_hold=False)
     return a, b
 
 

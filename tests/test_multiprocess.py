@@ -1,10 +1,11 @@
-"""Several pod processes on one mesh, on a real server (DESIGN §3, §10).
+"""Several pod processes on one mesh, on a real server (docs/design.md §3, §10).
 
 * test_four_pods_three_lanes_one_pool: 4 pod processes × 50 rounds, each pod running rounds of
   three lanes at once (two threads per lane, `adm.round(...)` with real time and the background
   clock), all on one pool of one mesh; the parent applies the policy once. While they run the
-  parent takes atomic snapshots (MULTI: the census script + every seat/ticket record + the count
-  hashes) and checks that the census and the counts equal the live records per lane. At the end:
+  parent takes atomic snapshots (MULTI: the census script + the doctor + every seat/ticket record +
+  the count hashes) and checks that the doctor is ok and the census and the counts equal the live
+  records per lane. At the end:
   each of the 200 rounds was admitted exactly once and released once (events stream, tombstones,
   seqs 1..200), the pool's `seq` is 200, and nothing runs or waits anywhere.
 * test_killed_pod_is_swept: a pod process holding seats and waiter tickets is SIGKILLed; after
@@ -25,6 +26,7 @@ from collections import Counter
 import redis
 
 from admission import ADMIT_REASONS, Admission
+from admission import doctor
 from admission import scripts as adm_scripts
 from admission.core import decode_census
 
@@ -72,18 +74,21 @@ def _queue_census(pipe, config_key: str) -> None:
 
 
 def snapshot(client: redis.Redis, mesh: str) -> dict:
-    """The census (rebuilt now) and the records and counts, all in one MULTI/EXEC."""
+    """The census (rebuilt now), the doctor's report and the records and counts, all in one
+    MULTI/EXEC."""
     prefix = f"adm:{{{mesh}}}:"
     pipe = client.pipeline(transaction=True)
     _queue_census(pipe, prefix + "config")
+    adm_scripts.pipe_call(pipe, "doctor", [prefix + "config"], [])
     pipe.eval(_RECORDS, 1, prefix + "config")
     pipe.hgetall(prefix + "lanes:" + POOL)
     pipe.hgetall(prefix + "pool:" + POOL)
     for lane in LANES:
         pipe.zcard(prefix + f"wait:{POOL}:{lane}")
-    census, (seats, tickets), lanes, pool, *waits = pipe.execute()
+    census, report, (seats, tickets), lanes, pool, *waits = pipe.execute()
     return {
         "census": decode_census(census),
+        "doctor": doctor.decode(report),
         "seats": [tuple(_s(x) for x in row) for row in seats],
         "tickets": [tuple(_s(x) for x in row) for row in tickets],
         "lanes": {_s(k): int(v) for k, v in lanes.items()},
@@ -93,7 +98,11 @@ def snapshot(client: redis.Redis, mesh: str) -> dict:
 
 
 def check_snapshot(snap: dict) -> dict:
-    """Census, count hashes and records agree per lane; returns the running/waiting per lane."""
+    """The doctor finds nothing, and census, count hashes and records agree per lane; returns the
+    running/waiting per lane."""
+    report = snap["doctor"]
+    assert report.ok, doctor.render(report)
+    assert (report.seats, report.tickets) == (len(snap["seats"]), len(snap["tickets"])), report
     (row,) = [p for p in snap["census"]["pools"] if p["pool"] == POOL]
     by_lane = {r["lane"]: r for r in row["lanes"]}
     assert all(s[1] for s in snap["seats"]), f"a leased seat without its record: {snap['seats']}"
@@ -182,7 +191,7 @@ def test_four_pods_three_lanes_one_pool(server_url):
     client = redis.Redis.from_url(server_url)
     parent = Admission(client, mesh=mesh, pod="parent", background=False)
     # a small ceiling keeps the pool contended (waiters all along); a short clock keeps it moving
-    parent.apply_policy(_policy(seed_estimate=2, max_estimate=6, grow_interval=0.5, lease_ttl=10))
+    parent.apply_policy(_policy(seed_estimate=2, max_estimate=6, grow_interval=0.5, lease_ttl=10), recovery_hold=False)
 
     ctx = _ctx()
     results = ctx.Queue()
@@ -251,7 +260,7 @@ def test_killed_pod_is_swept(server_url):
     lease_ttl = 1.0
     client = redis.Redis.from_url(server_url)
     live = Admission(client, mesh=mesh, pod="live", background=False)
-    live.apply_policy(_policy(seed_estimate=2, max_estimate=2, grow_interval=30, lease_ttl=lease_ttl))
+    live.apply_policy(_policy(seed_estimate=2, max_estimate=2, grow_interval=30, lease_ttl=lease_ttl), recovery_hold=False)
     mine = live.try_admit(lane="alpha", model=POOL, round_id="live/a0", draw=0.0)
     assert mine.admitted
 

@@ -9,6 +9,8 @@ import time
 
 import structlog
 
+from .._log import show
+
 from . import report, scenarios
 from .load import sizes
 from .runner import ENGINES, Job, default_workers, run_jobs
@@ -37,6 +39,7 @@ def _quiet(verbose: bool) -> None:
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO if verbose else logging.WARNING),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    show(logging.INFO if verbose else logging.WARNING, sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -237,13 +237,13 @@ class SeedAndGrow(Policy):
     def setup(self, sim) -> None:
         super().setup(sim)
         policy = {"tunables": TUNABLES, "lanes": LANES, "providers": {"sim": {}},
-                  "pools": {p: {} for p in sim.pools}}
+                  "pools": {p: {} for p in sim.pools}, "clock": "caller"}
         self.mesh = {pod: f"{self.mesh_prefix}-{i if self.private else 0}" for i, pod in enumerate(sim.pods)}
         self.adm = {pod: Admission(self.client, mesh=self.mesh[pod], pod=pod, background=False) for pod in sim.pods}
         self.pods_of: dict[str, list[str]] = {}
         for pod, mesh in self.mesh.items():
             if mesh not in self.pods_of:
-                self.adm[pod].apply_policy(policy)
+                self.adm[pod].apply_policy(policy, recovery_hold=False)
             self.pods_of.setdefault(mesh, []).append(pod)
         seed = float(policy["tunables"].get("seed_estimate", 2))
         self.est = {(m, p): seed for m in self.pods_of for p in sim.pools}

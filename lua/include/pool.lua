@@ -48,7 +48,9 @@ end
 -- pod's tick may call it, only the first one after the interval takes effect.
 local GROW_FIELDS = {'est', 'cap', 'lastGrow', 'clean', 'atCap', 'slow'}
 local function grow(T, p, now)
-  if now - p.lastGrow < grow_interval(T, p) then return false end
+  -- a clock that stepped back (a failover, a caller's clock) never freezes growth
+  local since = now - p.lastGrow
+  if since >= 0 and since < grow_interval(T, p) then return false end
   if not has_demand(T, p, now) then return false end -- an idle pool keeps its estimate
   if p.exhausted ~= 1 then
     p.est = math.min(T.max_estimate, p.est * T.slow_start_factor)

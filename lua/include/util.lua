@@ -51,12 +51,18 @@ local function check_one_of(what, s, allowed)
   fail(ERR.BAD_ARG, what .. ' must be one of ' .. table.concat(names, ', ') .. ', got ' .. tostring(s))
 end
 
--- One clock for all pods: Redis' own TIME, unless the caller passes `now` (tests, simulator).
+-- One clock for all pods: Redis' own TIME. A caller's `now` (tests, the simulator) is accepted
+-- only on a mesh whose policy says clock = "caller": a `now` ahead of the server must never
+-- judge (and sweep) another pod's live lease.
+local CALLER_CLOCK_ONLY = 'now is accepted only on a mesh whose policy sets clock = "caller" ' ..
+  '(tests, simulator); leases are judged on the server\'s TIME'
 local function clock(s)
   if s == nil or s == '' then
     local t = redis.call('TIME')
     return tonumber(t[1]) + tonumber(t[2]) / 1e6
   end
+  local c = redis.call('HMGET', KEYS[1], 'token', 'clock')
+  if c[1] and c[2] ~= 'caller' then fail(ERR.BAD_ARG, CALLER_CLOCK_ONLY) end
   return check_num('now', s, nil, 0)
 end
 
