@@ -18,11 +18,12 @@ import redis.asyncio as aredis
 from ._log import get_logger
 
 from . import scripts
-from .base import ClientBase, PendingRelease
+from .base import ClientBase, charge_record
+from .outbox import Retry
 from .classify import outcome_of
 from .client import CONNECT_TIMEOUT, SOCKET_TIMEOUT, Round, fail_fast_options, policy_of
-from .core import UNREACHABLE, Call, Core, Decision, Released, Seat, Tick
-from .errors import AdmissionError, NoPolicy, NotYourSeat, Unavailable, WaitTimeout
+from .core import UNREACHABLE, Call, Charged, Core, Decision, Released, Rollover, Seat, Tick, decode_ledger
+from .errors import AdmissionError, NoPolicy, UnknownSeat, NotYourSeat, Unavailable, WaitTimeout
 
 log = get_logger("admission")
 
@@ -31,13 +32,16 @@ class AsyncRound(Round):
     async def report(self, signal: str) -> Released:  # type: ignore[override]
         return await self._adm.report(self.seat, signal=signal)
 
+    async def charge(self, cost_usd: float, key: str) -> Charged:  # type: ignore[override]
+        return await self._adm.charge(self.seat, cost_usd=cost_usd, key=key)
+
 
 class AsyncAdmission(ClientBase):
     """One pod's handle on one mesh, for asyncio workers."""
 
     def __init__(self, client: aredis.Redis, *, mesh: str, pod: str, background: bool = True,
-                 seed: int | None = None):
-        super().__init__(client, mesh=mesh, pod=pod, background=background, seed=seed)
+                 seed: int | None = None, outbox: Any = None):
+        super().__init__(client, mesh=mesh, pod=pod, background=background, seed=seed, outbox=outbox)
         self._lock = asyncio.Lock()
         self._wakers: dict[str, asyncio.Condition] = {}  # per pool, on one lock
         self._task: asyncio.Task | None = None
@@ -91,10 +95,48 @@ class AsyncAdmission(ClientBase):
         return await self._exec_or_raise(self.core.report(seat, signal=signal, now=now))
 
     async def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
-                      cost_usd: float | None = None, now: float | None = None) -> Released:
-        call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now)
+                      cost_usd: float | None = None, now: float | None = None, at: float | None = None) -> Released:
+        call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now, at=at)
         self._book.drop(seat.id)  # never renewed again, whatever the answer
         return await self._exec_or_raise(call)
+
+    async def charge(self, seat: Seat, *, cost_usd: float, key: str, at: float | None = None,
+                     now: float | None = None) -> Charged:
+        call = self.core.charge(seat, cost_usd=cost_usd, key=key, at=at, now=now)
+        try:
+            return await self._exec_or_raise(call)
+        except (Unavailable, NoPolicy) as exc:
+            await asyncio.to_thread(self._queue, charge_record(seat, cost_usd, key, at), type(exc).__name__)
+            return Charged(False, "", "", queued=True)
+
+    async def flush(self) -> int:
+        """Replay the ledger records waiting for Redis now; returns how many still wait. The
+        outbox's own work (file and fsync) runs in a thread, the calls on this loop."""
+        loop = asyncio.get_running_loop()
+
+        def apply(record):
+            return asyncio.run_coroutine_threadsafe(self._apply_record(record), loop).result()
+
+        await asyncio.to_thread(self._pending.replay, apply)
+        return len(self._pending)
+
+    async def report_budget(self, reading: Any, now: float | None = None) -> dict[str, Any]:
+        return await self._exec_or_raise(self.core.budget(provider=reading.provider, limit_usd=reading.limit_usd,
+                                                          spent_usd=reading.spent_usd, at=reading.at, now=now))
+
+    async def close_provider(self, provider: str, *, why: str, seconds: float | None = None,
+                             now: float | None = None) -> float:
+        return await self._exec_or_raise(self.core.closure(action="close", provider=provider, why=why,
+                                                           seconds=seconds, now=now))
+
+    async def reopen_provider(self, provider: str, *, why: str, now: float | None = None) -> None:
+        await self._exec_or_raise(self.core.closure(action="reopen", provider=provider, why=why, now=now))
+
+    async def rollover(self, now: float | None = None) -> Rollover:
+        return await self._exec_or_raise(self.core.rollover(now))
+
+    async def ledger(self, day: str) -> dict[str, dict[str, float]]:
+        return decode_ledger(await self.redis.hgetall(f"adm:{{{self.mesh}}}:spend:{day}"))
 
     async def admit_waiting(self, *, lane: str, model: str, round_id: str, timeout: float = 600.0,
                             agent: str | None = None, parent: str | None = None,
@@ -179,32 +221,33 @@ class AsyncAdmission(ClientBase):
 
     async def _finish(self, handle: Round, outcome: str, started: float, raising: bool) -> None:
         self._book.drop(handle.seat.id)
-        rel, bad_cost = self._pending_release(handle, outcome, time.monotonic() - started)
+        record, bad = self._exit_record(handle, outcome, time.monotonic() - started)
         try:
-            await asyncio.shield(self._apply_release(rel))
+            await asyncio.shield(self._apply_record(record))
+        except Retry as exc:
+            await asyncio.to_thread(self._queue, record, str(exc))
         except asyncio.CancelledError:
-            self._keep_pending(rel, "cancelled")  # the clock retries it (release is idempotent)
+            self._queue(record, "cancelled")  # replayed by the clock; release and charge count once
             raise
-        if bad_cost is not None and raising:
-            raise bad_cost
+        except AdmissionError:
+            pass  # refused for good: recorded by _apply_record
+        if bad is not None and raising:
+            raise bad
 
-    async def _apply_release(self, rel: PendingRelease) -> bool:
+    async def _apply_record(self, record: dict[str, Any]) -> None:
+        call, lost_seat_charge = self._calls(record, self.core)
         try:
-            await self.release(rel.seat, outcome=rel.outcome, seconds=rel.seconds, cost_usd=rel.cost_usd, now=rel.now)
+            try:
+                await self._exec_or_raise(call)
+            except UnknownSeat as exc:
+                if lost_seat_charge is not None:
+                    await self._exec_or_raise(lost_seat_charge)
+                self._unapplied(record, exc, cost_booked=lost_seat_charge is not None)
         except (Unavailable, NoPolicy) as exc:
-            self._keep_pending(rel, type(exc).__name__)
-            return False
+            raise Retry(type(exc).__name__) from exc
         except AdmissionError as exc:
-            self._unapplied(rel, exc)
-        return True
-
-    async def _retry_pending(self) -> None:
-        todo = list(self._pending)
-        self._pending.clear()
-        for i, rel in enumerate(todo):
-            if not await self._apply_release(rel):
-                self._pending.extend(todo[i + 1:])
-                return
+            self._unapplied(record, exc)
+            raise
 
     async def heartbeat(self, now: float | None = None):
         snap = self._book.snapshot()
@@ -271,8 +314,8 @@ class AsyncAdmission(ClientBase):
                 if await self._step("heartbeat", self._beat):
                     next_beat = now + self._tunables["lease_ttl"] / 3
                 await self._step("watchdog", self._watchdog)
-                if self._pending:
-                    await self._step("pending", self._retry_pending)
+                if len(self._pending):
+                    await self._step("pending", self.flush)
             if now >= next_tick:
                 await self._step("tick", self.tick)
                 next_tick = now + self._tunables["grow_interval"]

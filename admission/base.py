@@ -5,16 +5,19 @@ between them."""
 from __future__ import annotations
 
 import json
+import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import astuple
+from pathlib import Path
+from typing import Any, Callable
 
 from ._log import get_logger
 
 from . import policy as policy_mod
 from .codes import OUTCOMES, UNAVAILABLE
-from .core import Core, Decision, Heartbeat, Seat, _money
-from .errors import BadArgument, NotYourSeat, RoundInProgress
+from .core import Call, Core, Decision, Heartbeat, Seat, _money
+from .errors import AdmissionError, BadArgument, NotYourSeat, RoundInProgress
+from .outbox import Outbox, OutboxFull, Retry
 from .waiting import Book, Snapshot
 
 log = get_logger("admission")
@@ -23,30 +26,78 @@ log = get_logger("admission")
 #: clock): rounds asking across a failover are admitted within about this of the promotion.
 RETRY_UNAVAILABLE = 0.5
 RECOVERING = "recovering"
-#: Releases kept in memory for a retry while Redis cannot apply them (unreachable, or no
-#: policy after a restart). Past this the oldest is dropped with an error in the log.
+#: Ledger records kept in memory (no outbox, or a full one) for a retry while Redis cannot apply
+#: them. Past this the oldest is dropped with an error in the log.
 MAX_PENDING = 10_000
 
 
-@dataclass(frozen=True)
-class PendingRelease:
-    """A round that ended but whose release Redis has not applied yet."""
+def release_record(seat: Seat, outcome: str, seconds: float, cost_usd: float | None,
+                   at: float | None = None) -> dict[str, Any]:
+    """A release as a ledger record (plain values: what the outbox stores). ``at``: when the
+    round ended (its cost's UTC day); None while it is tried at once."""
+    return {"op": "release", "seat": list(astuple(seat)), "outcome": outcome, "seconds": seconds,
+            "cost_usd": cost_usd, "at": at}
 
-    seat: Seat
-    outcome: str
-    seconds: float
-    cost_usd: float | None
-    now: float | None
+
+def charge_record(seat: Seat, cost_usd: float, key: str, at: float | None) -> dict[str, Any]:
+    return {"op": "charge", "seat": list(astuple(seat)), "cost_usd": cost_usd, "key": key, "at": at}
+
+
+class Pending:
+    """Ledger records Redis has not applied yet (releases and charges that met an unreachable
+    Redis, or no policy after a restart): in the pod's durable outbox when it has one, else in
+    memory (bounded; lost with the process). Replayed in order by the clock; every record carries
+    its idempotency key (the seat, and the charge key or `release`), so a replay counts once."""
+
+    def __init__(self, outbox: Outbox | None) -> None:
+        self.outbox = outbox
+        self.memory: deque[dict[str, Any]] = deque()
+
+    def keep(self, record: dict[str, Any], why: str) -> None:
+        seat_id = record["seat"][0]
+        if self.outbox is not None:
+            try:
+                self.outbox.append(record)
+                log.warning("ledger_record_queued", round=seat_id, op=record["op"], why=why, outbox=self.outbox.path)
+                return
+            except OutboxFull as exc:  # never silent: kept in memory, loudly
+                log.error("outbox_full", round=seat_id, error=str(exc))
+        if len(self.memory) >= MAX_PENDING:
+            dropped = self.memory.popleft()
+            log.error("pending_full_record_dropped", dropped=dropped, limit=MAX_PENDING)
+        self.memory.append(record)
+        log.warning("ledger_record_pending", round=seat_id, op=record["op"], why=why, pending=len(self.memory))
+
+    def __len__(self) -> int:
+        return len(self.memory) + (len(self.outbox) if self.outbox is not None else 0)
+
+    def replay(self, apply: Callable[[dict[str, Any]], Any]) -> None:
+        """Apply what is pending, in order; ``apply`` raises ``Retry`` to stop (kept for later)."""
+        while self.memory:
+            try:
+                apply(self.memory[0])
+            except Retry:
+                return
+            except AdmissionError:
+                pass  # refused for good: ``apply`` recorded it
+            self.memory.popleft()
+        if self.outbox is not None and len(self.outbox):
+            report = self.outbox.replay(apply, transient=(Retry,))
+            if report.applied or report.dead:
+                log.info("outbox_replayed", applied=report.applied, kept=report.kept, dead=report.dead)
 
 
 class ClientBase:
-    def __init__(self, client: Any, *, mesh: str, pod: str, background: bool = True, seed: int | None = None):
+    def __init__(self, client: Any, *, mesh: str, pod: str, background: bool = True, seed: int | None = None,
+                 outbox: str | Path | Outbox | None = None):
         self.redis = client
         self.core = Core(mesh, pod, seed)
         self.mesh, self.pod = mesh, pod
         self.background = background
         self._book = Book()
-        self._pending: deque[PendingRelease] = deque()
+        if outbox is not None and not isinstance(outbox, Outbox):
+            outbox = Outbox(outbox)  # one file per pod: a second opener is refused
+        self._pending = Pending(outbox)
         self._gens: dict[str, int] = {}  # per pool: wake-ups so far (a waiter compares before/after its ask)
         self._tunables: dict[str, float] = {k: v[0] for k, v in policy_mod.TUNABLES.items()}
         self._tunables_version = -1
@@ -67,6 +118,8 @@ class ClientBase:
         end wakes nobody)."""
         if d.reason in (UNAVAILABLE, RECOVERING):
             return RETRY_UNAVAILABLE
+        if d.reason == "provider-closed":  # a probe may go every probe_every
+            return self._tunables["probe_every"]
         return self._tunables["grow_interval"]
 
     def _check_free(self, round_id: str) -> None:
@@ -108,15 +161,8 @@ class ClientBase:
             pools.add(self._book.waiters[round_id].pool)
         return lost, lost_tickets, pools
 
-    def _keep_pending(self, rel: PendingRelease, why: str) -> None:
-        if len(self._pending) >= MAX_PENDING:
-            dropped = self._pending.popleft()
-            log.error("release_pending_full", dropped=dropped.seat.id, limit=MAX_PENDING)
-        self._pending.append(rel)
-        log.warning("release_pending", round=rel.seat.id, why=why, pending=len(self._pending))
-
     @staticmethod
-    def _pending_release(handle: Any, outcome: str, seconds: float) -> tuple[PendingRelease, BadArgument | None]:
+    def _exit_record(handle: Any, outcome: str, seconds: float) -> tuple[dict[str, Any], BadArgument | None]:
         """The release a round's exit sends. A bad outcome or price set on the round is an error
         for the caller, but never keeps the seat: the round is released without it."""
         cost, bad = handle.cost_usd, None
@@ -129,13 +175,31 @@ class ClientBase:
             outcome = "error"
         if bad is not None:
             log.error("release_bad_argument", round=handle.seat.id, error=str(bad))
-        return PendingRelease(handle.seat, outcome, seconds, cost, None), bad
+        return release_record(handle.seat, outcome, seconds, cost), bad
 
     @staticmethod
-    def _unapplied(rel: PendingRelease, exc: Exception) -> None:
+    def _calls(record: dict[str, Any], core: Core) -> tuple[Call, Call | None]:
+        """The script call a ledger record makes, and the charge that books a release's cost
+        when Redis no longer knows its seat (a restart lost it, or its tombstone's day passed)."""
+        seat = Seat(*record["seat"])
+        if record["op"] == "charge":
+            return core.charge(seat, cost_usd=record["cost_usd"], key=record["key"], at=record["at"]), None
+        call = core.release(seat, outcome=record["outcome"], seconds=record["seconds"],
+                            cost_usd=record["cost_usd"], at=record["at"])
+        lost = None if record["cost_usd"] is None else core.charge(seat, cost_usd=record["cost_usd"],
+                                                                   key="release", at=record["at"])
+        return call, lost
+
+    def _queue(self, record: dict[str, Any], why: str) -> None:
+        if record["at"] is None:  # its day is the day it ended, whenever it is replayed
+            record = {**record, "at": time.time()}
+        self._pending.keep(record, why)
+
+    @staticmethod
+    def _unapplied(record: dict[str, Any], exc: Exception, cost_booked: bool = False) -> None:
         """A release Redis refused for good (its seat is unknown there): recorded, never silent."""
-        log.warning("release_unapplied", round=rel.seat.id, pool=rel.seat.pool, lane=rel.seat.lane,
-                    seq=rel.seat.seq, outcome=rel.outcome, seconds=rel.seconds, cost_usd=rel.cost_usd,
+        log.warning("release_unapplied", round=record["seat"][0], seat=record["seat"], outcome=record.get("outcome"),
+                    seconds=record.get("seconds"), cost_usd=record.get("cost_usd"), cost_booked=cost_booked,
                     error=str(exc))
 
     @staticmethod

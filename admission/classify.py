@@ -74,7 +74,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .codes import CLOSING_SIGNALS, SIGNALS
+from .codes import SIGNALS
 from .errors import BadArgument
 
 CLEAN = "clean"
@@ -92,7 +92,6 @@ LOAD = (RATE_LIMITED, STALL, ROUND_CAP)
 #: The closing signals and how long they close the provider (every pool of it).
 CLOSING = {KEY_DAILY_LIMIT: "until_midnight", BUDGET_REACHED: "until_midnight",
            CREDIT: "closed_for", KEY_REJECTED: "closed_for"}
-assert tuple(CLOSING) == CLOSING_SIGNALS
 
 #: The seed's daily key limit: HTTP 403 ``Key limit exceeded (daily limit)``.
 KEY_DAILY_LIMIT_TEXT = re.compile(r"(?i)\bkey\s+limit\s+exceeded\s*\(\s*daily\s+limit\s*\)")

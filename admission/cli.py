@@ -5,6 +5,10 @@
     admission events --url ... --mesh prod [--count 20]
     admission tick --url ... --mesh prod
     admission doctor --url ... --mesh prod [--json]   (exit 0 ok, 1 problems found, 2 error)
+    admission ledger --url ... --mesh prod [--day YYYY-MM-DD] [--json]
+    admission provider close|reopen NAME --why WORD [--seconds S]
+    admission budget sync                 (run the policy's budget readers once)
+    admission day-rollover [--now T]      (the 00:00 UTC cron: budget readings, reopen, census)
     admission simulate ... | admission demo ... | admission demo-pod ... | admission bench ...
 """
 from __future__ import annotations
@@ -17,11 +21,11 @@ import time
 
 import structlog
 
-from . import doctor
+from . import dayjob, doctor
 from ._log import show
 from .client import Admission
 from .errors import AdmissionError, Unavailable
-from .view import render_census
+from .view import render_census, render_ledger
 
 DELEGATED = {"simulate": "admission.sim.cli", "demo": "admission.demo", "bench": "admission.bench"}
 
@@ -34,6 +38,11 @@ def _conn_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="redis://127.0.0.1:6379/0", help="Redis URL (default %(default)s)")
     p.add_argument("--mesh", default="prod", help="mesh name (default %(default)s)")
     p.add_argument("--pod", default="cli", help=argparse.SUPPRESS)
+
+
+def _now_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--now", type=float, default=None,
+                   help="epoch seconds (only on a mesh whose policy sets clock = \"caller\"; default: Redis' clock)")
 
 
 def cmd_config(args) -> int:
@@ -83,6 +92,56 @@ def cmd_doctor(args) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_ledger(args) -> int:
+    adm = _connect(args)
+    day = args.day or time.strftime("%Y-%m-%d", time.gmtime())
+    ledger = adm.ledger(day)
+    if args.json:
+        print(json.dumps({"day": day, "ledger": ledger}, indent=2, sort_keys=True))
+    else:
+        print(render_ledger(day, ledger))
+    return 0
+
+
+def cmd_provider(args) -> int:
+    adm = _connect(args)
+    if args.action == "close":
+        until = adm.close_provider(args.name, why=args.why, seconds=args.seconds, now=args.now)
+        print(f"closed {args.name} ({args.why}) until {_utc(until)}")
+    else:
+        adm.reopen_provider(args.name, why=args.why, now=args.now)
+        print(f"reopened {args.name} ({args.why})")
+    return 0
+
+
+def cmd_budget(args) -> int:
+    readings = dayjob.sync_budgets(_connect(args), now=args.now)
+    for r in readings:
+        print(f"{r.provider}: spent {_usd(r.spent_usd)} of {_usd(r.limit_usd)} on {r.day} (read {_utc(r.at)})")
+    if not readings:
+        print("no budget readings (no provider names a budget_reader with its key in the environment)")
+    return 0
+
+
+def cmd_rollover(args) -> int:
+    done, readings = dayjob.day_rollover(_connect(args), now=args.now)
+    read = f"; {len(readings)} budget reading(s) stored" if readings else ""
+    if done.ran:
+        reopened = ", ".join(done.reopened) or "none"
+        print(f"rolled over to {done.day}: reopened {reopened}; census written{read}")
+    else:
+        print(f"{done.day} was rolled over already at {_utc(done.at)}; nothing done{read}")
+    return 0
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t))
+
+
+def _usd(x: float | None) -> str:
+    return "no limit" if x is None else f"${x:,.2f}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="admission", description="Shared admission for LLM agent rounds.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -111,6 +170,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     _conn_args(p)
     p.set_defaults(func=cmd_doctor)
+    p = sub.add_parser("ledger", help="the spend ledger of a UTC day, lane x provider")
+    p.add_argument("--day", help="YYYY-MM-DD (default: today, UTC)")
+    p.add_argument("--json", action="store_true", help="print the ledger as JSON")
+    _conn_args(p)
+    p.set_defaults(func=cmd_ledger)
+    p = sub.add_parser("provider", help="close or reopen a provider by hand (audited in events)")
+    p.add_argument("action", choices=["close", "reopen"])
+    p.add_argument("name", help="the provider, as declared in the policy")
+    p.add_argument("--why", required=True, help="a word for the audit trail (e.g. maintenance)")
+    p.add_argument("--seconds", type=float, default=None, help="close for this long (default: until 00:00 UTC)")
+    _now_arg(p)
+    _conn_args(p)
+    p.set_defaults(func=cmd_provider)
+    p = sub.add_parser("budget", help="budget readers: `budget sync` reads every provider's key once")
+    p.add_argument("action", choices=["sync"])
+    _now_arg(p)
+    _conn_args(p)
+    p.set_defaults(func=cmd_budget)
+    p = sub.add_parser("day-rollover", help="the 00:00 UTC job: refresh budget readings, reopen expired "
+                                            "closures, wake waiters, write the census (idempotent per day)")
+    _now_arg(p)
+    _conn_args(p)
+    p.set_defaults(func=cmd_rollover)
     for name, module in DELEGATED.items():
         sub.add_parser(name, help=f"see `admission {name} --help`", add_help=False)
     sub.add_parser("demo-pod", help="one demo pod (docker-compose)", add_help=False)

@@ -16,16 +16,17 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import redis
-from ._log import get_logger
 from redis.backoff import NoBackoff
-from redis.retry import Retry
+from redis.retry import Retry as RedisRetry
 
 from . import policy as policy_mod
 from . import scripts
+from ._log import get_logger
+from .base import ClientBase, charge_record
 from .classify import outcome_of
-from .base import ClientBase, PendingRelease
-from .core import UNREACHABLE, Call, Core, Decision, Released, Seat, Tick
-from .errors import AdmissionError, NoPolicy, NotYourSeat, Unavailable, WaitTimeout
+from .outbox import Retry
+from .core import UNREACHABLE, Call, Charged, Core, Decision, Released, Rollover, Seat, Tick, decode_ledger
+from .errors import AdmissionError, NoPolicy, NotYourSeat, Unavailable, UnknownSeat, WaitTimeout
 
 log = get_logger("admission")
 
@@ -38,7 +39,7 @@ def fail_fast_options(connect_timeout: float = CONNECT_TIMEOUT, socket_timeout: 
     """redis-py options that bound a dead server to a fraction of a second (one quick retry,
     so a connection broken by a restart reconnects once)."""
     return dict(socket_connect_timeout=connect_timeout, socket_timeout=socket_timeout,
-                retry=Retry(NoBackoff(), 1), health_check_interval=0)
+                retry=RedisRetry(NoBackoff(), 1), health_check_interval=0)
 
 
 def policy_of(policy: str | Path | Mapping[str, Any]) -> dict[str, Any]:
@@ -59,17 +60,25 @@ class Round:
     def report(self, signal: str) -> Released:
         return self._adm.report(self.seat, signal=signal)
 
+    def charge(self, cost_usd: float, key: str) -> Charged:
+        """Book a cost mid-round (a long round's steps), once per ``key``."""
+        return self._adm.charge(self.seat, cost_usd=cost_usd, key=key)
+
 
 class Admission(ClientBase):
     """One pod's handle on one mesh."""
 
     def __init__(self, client: redis.Redis, *, mesh: str, pod: str, background: bool = True,
-                 seed: int | None = None):
-        super().__init__(client, mesh=mesh, pod=pod, background=background, seed=seed)
+                 seed: int | None = None, outbox: Any = None):
+        """``outbox``: a file path (one per pod) where the releases and charges that meet an
+        unreachable Redis wait, durably, to be replayed once; without one they wait in memory."""
+        super().__init__(client, mesh=mesh, pod=pod, background=background, seed=seed, outbox=outbox)
         self._cond = threading.Condition()  # guards the book
         self._wakers: dict[str, threading.Condition] = {}  # per pool, on the same lock
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        if background and len(self._pending):  # a restarted pod replays its outbox at once
+            self._ensure_clock()
 
     @classmethod
     def from_url(cls, url: str, *, mesh: str, pod: str, connect_timeout: float = CONNECT_TIMEOUT,
@@ -136,14 +145,56 @@ class Admission(ClientBase):
         return self._exec_or_raise(self.core.report(seat, signal=signal, now=now))
 
     def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
-                cost_usd: float | None = None, now: float | None = None) -> Released:
-        """End a round: free the seat, count the outcome. Safe to retry after a lost reply.
+                cost_usd: float | None = None, now: float | None = None, at: float | None = None) -> Released:
+        """End a round: free the seat, count the outcome, book its cost (to the UTC day of ``at``,
+        default now). Safe to retry after a lost reply.
         The pod stops renewing the seat first, whatever the answer: an ended round is never
         re-asserted."""
-        call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now)
+        call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now, at=at)
         with self._cond:
             self._book.drop(seat.id)
         return self._exec_or_raise(call)
+
+    def charge(self, seat: Seat, *, cost_usd: float, key: str, at: float | None = None,
+               now: float | None = None) -> Charged:
+        """Book a cost to the spend ledger mid-round, once per (seat, key). When Redis cannot
+        apply it now the charge waits in the outbox (``queued``) and is replayed once."""
+        call = self.core.charge(seat, cost_usd=cost_usd, key=key, at=at, now=now)
+        try:
+            return self._exec_or_raise(call)
+        except (Unavailable, NoPolicy) as exc:
+            with self._cond:
+                self._queue(charge_record(seat, cost_usd, key, at), type(exc).__name__)
+            return Charged(False, "", "", queued=True)
+
+    def flush(self) -> int:
+        """Replay the ledger records waiting for Redis now (the clock does it every beat);
+        returns how many are still waiting."""
+        self._pending.replay(self._apply_record)
+        return len(self._pending)
+
+    # -- the provider's day ----------------------------------------------------------------------
+    def report_budget(self, reading: Any, now: float | None = None) -> dict[str, Any]:
+        """Store a budget reader's reading (``admission.budget.Reading``) of a provider's day."""
+        return self._exec_or_raise(self.core.budget(provider=reading.provider, limit_usd=reading.limit_usd,
+                                                    spent_usd=reading.spent_usd, at=reading.at, now=now))
+
+    def close_provider(self, provider: str, *, why: str, seconds: float | None = None,
+                       now: float | None = None) -> float:
+        """Close every pool of a provider by hand (until midnight UTC, or ``seconds``)."""
+        return self._exec_or_raise(self.core.closure(action="close", provider=provider, why=why,
+                                                     seconds=seconds, now=now))
+
+    def reopen_provider(self, provider: str, *, why: str, now: float | None = None) -> None:
+        self._exec_or_raise(self.core.closure(action="reopen", provider=provider, why=why, now=now))
+
+    def rollover(self, now: float | None = None) -> Rollover:
+        """The midnight roll-over (idempotent per UTC day); see ``admission day-rollover``."""
+        return self._exec_or_raise(self.core.rollover(now))
+
+    def ledger(self, day: str) -> dict[str, dict[str, float]]:
+        """The spend ledger of a UTC day (YYYY-MM-DD): {lane: {provider: USD}}."""
+        return decode_ledger(self.redis.hgetall(f"adm:{{{self.mesh}}}:spend:{day}"))
 
     def admit_waiting(self, *, lane: str, model: str, round_id: str, timeout: float = 600.0,
                       agent: str | None = None, parent: str | None = None, revision: str | None = None) -> Decision:
@@ -229,35 +280,36 @@ class Admission(ClientBase):
 
     def _finish(self, handle: Round, outcome: str, started: float, raising: bool) -> None:
         """The round ended: its seat leaves the book at once; the release is applied now, or kept
-        and retried by the clock while Redis cannot apply it, or recorded in the log."""
+        (in the outbox) and replayed by the clock while Redis cannot apply it."""
         with self._cond:
             self._book.drop(handle.seat.id)
-        rel, bad_cost = self._pending_release(handle, outcome, time.monotonic() - started)
-        self._apply_release(rel)
-        if bad_cost is not None and raising:
-            raise bad_cost
-
-    def _apply_release(self, rel: PendingRelease) -> bool:
-        """Apply a release; True when it is settled (applied, or refused for good and recorded)."""
+        record, bad = self._exit_record(handle, outcome, time.monotonic() - started)
         try:
-            self.release(rel.seat, outcome=rel.outcome, seconds=rel.seconds, cost_usd=rel.cost_usd, now=rel.now)
-        except (Unavailable, NoPolicy) as exc:
+            self._apply_record(record)
+        except Retry as exc:
             with self._cond:
-                self._keep_pending(rel, type(exc).__name__)
-            return False
-        except AdmissionError as exc:
-            self._unapplied(rel, exc)
-        return True
+                self._queue(record, str(exc))
+        except AdmissionError:
+            pass  # refused for good: recorded by _apply_record
+        if bad is not None and raising:
+            raise bad
 
-    def _retry_pending(self) -> None:
-        with self._cond:
-            todo = list(self._pending)
-            self._pending.clear()
-        for i, rel in enumerate(todo):
-            if not self._apply_release(rel):  # still not applicable: keep the rest in order
-                with self._cond:
-                    self._pending.extend(todo[i + 1:])
-                return
+    def _apply_record(self, record: dict[str, Any]) -> None:
+        """Apply one ledger record. Raises ``Retry`` while Redis cannot apply it (unreachable, no
+        policy yet); a release whose seat Redis no longer knows is recorded and its cost booked."""
+        call, lost_seat_charge = self._calls(record, self.core)
+        try:
+            try:
+                self._exec_or_raise(call)
+            except UnknownSeat as exc:
+                if lost_seat_charge is not None:
+                    self._exec_or_raise(lost_seat_charge)
+                self._unapplied(record, exc, cost_booked=lost_seat_charge is not None)
+        except (Unavailable, NoPolicy) as exc:
+            raise Retry(type(exc).__name__) from exc
+        except AdmissionError as exc:
+            self._unapplied(record, exc)
+            raise
 
     # -- the clock -----------------------------------------------------------------------------
     def heartbeat(self, now: float | None = None):
@@ -334,8 +386,8 @@ class Admission(ClientBase):
                 if self._step("heartbeat", self._beat):
                     next_beat = now + self._tunables["lease_ttl"] / 3
                 self._step("watchdog", self._watchdog)
-                if self._pending:
-                    self._step("pending", self._retry_pending)
+                if len(self._pending):
+                    self._step("pending", self.flush)
             if now >= next_tick:
                 self._step("tick", self.tick)
                 next_tick = now + self._tunables["grow_interval"]

@@ -18,6 +18,8 @@ class Status(IntEnum):
     REPORTED = 5
     ALREADY_REPORTED = 6
     OK = 7
+    CHARGED = 8
+    ALREADY_CHARGED = 9
 
 
 #: Error-reply prefixes (``ERR`` in codes.lua) by their Lua name.
@@ -31,22 +33,26 @@ ERRORS = {
     "NO_CONFIG": "ADM_NO_CONFIG",
     "BAD_POLICY": "ADM_BAD_POLICY",
     "STALE_VERSION": "ADM_STALE_VERSION",
+    "UNKNOWN_PROVIDER": "ADM_UNKNOWN_PROVIDER",
 }
 
 #: Why a round was admitted (DESIGN §5): the rule that let it in.
-ADMIT_REASONS = ("within-floor", "overdraft", "borrowed", "same-intent")
+ADMIT_REASONS = ("probe", "within-floor", "overdraft", "borrowed", "same-intent")
 #: Why a round was refused, in the order the checks run; ``full`` is a borrow (or a lane below
 #: its floor on a measured pool) that finds no free slot, so no draw was made.
-REFUSE_REASONS = ("recovering", "behind-older", "reserved", "fair-share", "full", "draw")
+REFUSE_REASONS = ("recovering", "provider-closed", "budget-reserve", "budget-spent", "behind-older", "reserved",
+                  "cost-guard", "fair-share", "full", "draw")
 #: The client's own refusal when Redis cannot be reached (DESIGN §8: absence sheds).
 UNAVAILABLE = "admission-unavailable"
 
-OUTCOMES = ("clean", "rate_limited", "stall", "round_cap", "error")
+OUTCOMES = ("clean", "rate_limited", "stall", "round_cap", "error",
+            "key_daily_limit", "budget_reached", "credit", "key_rejected")
 LOAD_SIGNALS = ("rate_limited", "stall", "round_cap")
+#: What ``report`` takes mid-round: a load signal (one per seat) or a closing one.
+REPORT_SIGNALS = ("rate_limited", "stall", "round_cap", "key_daily_limit", "budget_reached", "credit", "key_rejected")
 
-#: Every signal word the one classifier (``admission/classify.py``, DESIGN §6) names: the outcomes
-#: above plus the provider closures. The Lua does not accept the closing words yet (the release
-#: still takes ``OUTCOMES``); the closure wiring adds them there.
+#: Every signal word the one classifier (``admission/classify.py``, DESIGN §6) names: the
+#: outcomes a release takes.
 SIGNALS = ("clean", "rate_limited", "stall", "round_cap",
            "key_daily_limit", "budget_reached", "credit", "key_rejected", "error")
 #: The signals that close a provider (every pool of it): the daily key limit and the daily budget

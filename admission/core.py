@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import numpy as np
 import redis
 
-from .codes import LOAD_SIGNALS, OUTCOMES, UNAVAILABLE, Status
+from .codes import OUTCOMES, REPORT_SIGNALS, UNAVAILABLE, Status
 from .errors import BadArgument, BadName, ScriptError, from_reply
 
 _MESH = re.compile(r"^[\w.\-]{1,64}$")
@@ -77,6 +77,22 @@ class Tick:
 
 
 @dataclass(frozen=True)
+class Charged:
+    booked: bool  # False: this (seat, key) was booked before, or it is queued
+    provider: str
+    day: str
+    queued: bool = False  # Redis could not apply it now: it waits in the pod's outbox
+
+
+@dataclass(frozen=True)
+class Rollover:
+    ran: bool  # False: the roll-over of this UTC day had run already; nothing changed
+    day: str
+    reopened: list[str]
+    at: float
+
+
+@dataclass(frozen=True)
 class Applied:
     version: int
     hold_until: float  # 0: no recovery hold (see apply_config.lua)
@@ -110,13 +126,26 @@ def _now(now: float | None) -> str:
 MAX_COST_USD = 1_000_000
 
 
-def _money(cost_usd: float | None) -> str:
+def _money(cost_usd: float | None, bound: float = MAX_COST_USD) -> str:
+    """USD -> integer micro-USD (the ledger's unit), bounded; None -> '' (not given)."""
     if cost_usd is None:
         return ""
     if (isinstance(cost_usd, bool) or not isinstance(cost_usd, (int, float)) or not math.isfinite(cost_usd)
-            or not 0 <= cost_usd <= MAX_COST_USD):
-        raise BadArgument(f"cost_usd must be a finite number in [0, {MAX_COST_USD}], got {cost_usd!r}")
+            or not 0 <= cost_usd <= bound):
+        raise BadArgument(f"an amount in USD must be a finite number in [0, {bound}], got {cost_usd!r}")
     return str(round(cost_usd * 1_000_000))
+
+
+#: The largest day's limit or spend a budget reading may carry (USD), like the policy's limit.
+MAX_READING_USD = 1_000_000_000
+
+
+def _epoch(what: str, t: float | None, required: bool = False) -> str:
+    if t is None and not required:
+        return ""
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        raise BadArgument(f"{what} must be epoch seconds (a finite number >= 0), got {t!r}")
+    return repr(float(t))
 
 
 def _seconds(seconds: float) -> str:
@@ -130,6 +159,15 @@ def empty_list(x: Any) -> list:
     return x if isinstance(x, list) else []
 
 
+def decode_ledger(raw: dict) -> dict[str, dict[str, float]]:
+    """A day's ``spend:<day>`` hash -> {lane: {provider: USD}} (the `*` row: providers' totals)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, micro in raw.items():
+        lane, _, provider = _s(name).partition("|")
+        out.setdefault(lane, {})[provider] = int(micro) / 1e6
+    return out
+
+
 def decode_census(raw: Any) -> dict[str, Any]:
     doc = json.loads(_s(raw))
     doc["pools"] = empty_list(doc.get("pools"))
@@ -137,6 +175,10 @@ def decode_census(raw: Any) -> dict[str, Any]:
     for p in doc["pools"]:
         p["lanes"] = empty_list(p.get("lanes"))
         p["mustYield"] = empty_list(p.get("mustYield"))
+        for k in ("budgetSpentUsd", "budgetLimitUsd", "budgetAt", "committedUsd"):
+            p.setdefault(k, None)  # no budget today
+        for lane in p["lanes"]:
+            lane.setdefault("reserveLeftUsd", None)
     return doc
 
 
@@ -182,10 +224,12 @@ class Core:
         return Decision(False, UNAVAILABLE, round_id, lane, model)
 
     def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
-                cost_usd: float | None = None, now: float | None = None) -> Call:
+                cost_usd: float | None = None, now: float | None = None, at: float | None = None) -> Call:
+        """``at``: when the round ended (its cost's UTC day; a replay from the outbox keeps it)."""
         if outcome not in OUTCOMES:
             raise BadArgument(f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
-        args = [seat.id, str(seat.seq), self.pod, outcome, _seconds(seconds), _money(cost_usd), _now(now)]
+        args = [seat.id, str(seat.seq), self.pod, outcome, _seconds(seconds), _money(cost_usd), _now(now),
+                _epoch("at", at)]
 
         def decode(r):
             return Released(Status(int(r[0])), _s(r[1]), bool(int(r[2])), float(_s(r[3])) if _s(r[3]) else None)
@@ -193,14 +237,47 @@ class Core:
         return self._call("release", args, decode)
 
     def report(self, seat: Seat, *, signal: str, now: float | None = None) -> Call:
-        if signal not in LOAD_SIGNALS:
-            raise BadArgument(f"signal must be one of {', '.join(LOAD_SIGNALS)}, got {signal!r}")
+        if signal not in REPORT_SIGNALS:
+            raise BadArgument(f"signal must be one of {', '.join(REPORT_SIGNALS)}, got {signal!r}")
         args = [seat.id, str(seat.seq), self.pod, signal, _now(now)]
 
         def decode(r):
             return Released(Status(int(r[0])), _s(r[1]), bool(int(r[2])), float(_s(r[3])))
 
         return self._call("report", args, decode)
+
+    def charge(self, seat: Seat, *, cost_usd: float, key: str, at: float | None = None,
+               now: float | None = None) -> Call:
+        """Book ``cost_usd`` to the ledger once per (seat, key)."""
+        if cost_usd is None:
+            raise BadArgument("cost_usd is required")
+        args = [seat.id, str(seat.seq), self.pod, seat.lane, seat.pool, _money(cost_usd), key, _epoch("at", at),
+                _now(now)]
+
+        def decode(r):
+            return Charged(Status(int(r[0])) == Status.CHARGED, _s(r[1]), _s(r[2]))
+
+        return self._call("charge", args, decode)
+
+    def budget(self, *, provider: str, limit_usd: float | None, spent_usd: float | None, at: float,
+               now: float | None = None) -> Call:
+        """A budget reader's reading of a provider's day."""
+        args = [provider, _money(limit_usd, MAX_READING_USD), _money(spent_usd, MAX_READING_USD),
+                _epoch("at", at, required=True), _now(now)]
+        return self._call("budget", args, lambda r: {"day": _s(r[1]), "closed_until": float(_s(r[2]))})
+
+    def closure(self, *, action: str, provider: str, why: str, seconds: float | None = None,
+                now: float | None = None) -> Call:
+        if action not in ("close", "reopen"):
+            raise BadArgument(f"action must be close or reopen, got {action!r}")
+        args = [action, provider, why, "" if seconds is None else _seconds(seconds), _now(now)]
+        return self._call("closure", args, lambda r: float(_s(r[1])))
+
+    def rollover(self, now: float | None = None) -> Call:
+        def decode(r):
+            return Rollover(bool(int(r[1])), _s(r[2]), [_s(x) for x in empty_list(r[3])], float(_s(r[4])))
+
+        return self._call("rollover", [_now(now)], decode)
 
     def withdraw(self, round_id: str) -> Call:
         return self._call("withdraw", [round_id, self.pod], lambda r: bool(int(r[1])))

@@ -27,6 +27,10 @@ class UnknownPool(UnknownLane):
     """The pool is not in the policy's catalog."""
 
 
+class UnknownProvider(UnknownLane):
+    """The provider is not declared in the policy."""
+
+
 class UnknownSeat(AdmissionError):
     """No such seat: never admitted, or gone for more than a day."""
 
@@ -70,6 +74,7 @@ _BY_PREFIX = {
     ERRORS["UNKNOWN_LANE"]: UnknownLane,
     ERRORS["UNKNOWN_POOL"]: UnknownPool,
     ERRORS["UNKNOWN_SEAT"]: UnknownSeat,
+    ERRORS["UNKNOWN_PROVIDER"]: UnknownProvider,
     ERRORS["NOT_YOUR_SEAT"]: NotYourSeat,
     ERRORS["NO_CONFIG"]: NoPolicy,
     ERRORS["BAD_POLICY"]: PolicyError,

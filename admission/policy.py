@@ -54,7 +54,9 @@ CLOCKS = ("server", "caller")
 _RETIRED = re.compile(r"(?i)^(max_?concurren(t|cy)\w*|max_?(rounds|agents|running|in_?flight)|concurrency(_?(cap|limit))?)$")
 _TOP_KEYS = {"tunables", "lanes", "providers", "pools", "clock"}
 _LANE_KEYS = {"floor", "weight", "priority", "reserve", "pools"}
-_PROVIDER_KEYS = {"route", "kind", "daily_limit_usd"}
+_PROVIDER_KEYS = {"route", "kind", "daily_limit_usd", "budget_reader", "budget_url", "api_key_env"}
+#: Budget readers a provider may name (``admission/budget.py``): how its key's day is read.
+BUDGET_READERS = ("openrouter",)
 _POOL_KEYS = {"tier", "tokens"}
 
 
@@ -129,6 +131,18 @@ def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
         entry = {"route": route, "kind": kind}
         if "daily_limit_usd" in p:
             entry["daily_limit_usd"] = _number(f"providers.{name}.daily_limit_usd", p["daily_limit_usd"], 0, 1e9)
+        if "budget_reader" in p:
+            if p["budget_reader"] not in BUDGET_READERS:
+                raise PolicyError(f"providers.{name}.budget_reader must be one of {', '.join(BUDGET_READERS)}, "
+                                  f"got {p['budget_reader']!r}")
+            url, env = p.get("budget_url"), p.get("api_key_env")
+            if not isinstance(url, str) or not re.match(r"^https?://[^\s/]+", url):
+                raise PolicyError(f"providers.{name}.budget_url must be an http(s) URL, got {url!r}")
+            if not isinstance(env, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", env):
+                raise PolicyError(f"providers.{name}.api_key_env must name an environment variable, got {env!r}")
+            entry.update(budget_reader=p["budget_reader"], budget_url=url, api_key_env=env)
+        elif "budget_url" in p or "api_key_env" in p:
+            raise PolicyError(f"providers.{name}: budget_url and api_key_env need a budget_reader")
         providers[name] = entry
 
     pools = []

@@ -17,20 +17,47 @@ def render_census(doc: dict[str, Any]) -> str:
              f"{time.strftime('%H:%M:%S', time.gmtime(doc.get('at', 0)))}Z"]
     for p in doc["pools"]:
         state = f"exhausted ({p['why']})" if p["exhausted"] else "slow start"
+        if p.get("closedUntil"):
+            state = (f"CLOSED ({p['closedWhy']}) until "
+                     f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(p['closedUntil']))}Z, {state}")
         lines.append(f"{p['pool']:<28} K̂ {_num(p['capacity']):>5}  K {_num(p['carryingCapacity']):>4}  "
                      f"slots {p['slots']:>3}  running {p['running']:>3}  waiting {p['waiting']:>3}  "
                      f"free {p['free']:>3}  {state}  ok/fail {_num(p['successes'])}/{_num(p['failures'])}  "
                      f"mean {_num(p['meanSeconds'])}s ${p['meanCostUsd']:.4f}")
+        if p.get("budgetLimitUsd") is not None:
+            left = p["budgetLimitUsd"] - p["budgetSpentUsd"] - p["committedUsd"]
+            read = (f", read {time.strftime('%H:%M', time.gmtime(p['budgetAt']))}Z" if p.get("budgetAt") else "")
+            lines.append(f"    budget of {p['provider']} today: spent ${p['budgetSpentUsd']:,.2f} + in flight "
+                         f"${p['committedUsd']:,.2f} of ${p['budgetLimitUsd']:,.2f} (left ${left:,.2f}){read}")
         for l in p["lanes"]:
             since = l.get("oldestWaitingSince")
             wait = f"  oldest waiting {doc['at'] - since:.0f}s" if since else ""
+            reserve = (f"  before its reserve ${l['reserveLeftUsd']:,.2f}" if l.get("reserveLeftUsd") is not None
+                       else "")
             lines.append(f"    {l['lane']:<12} running {l['running']:>3}  waiting {l['waiting']:>3}  "
                          f"guaranteed {l['guaranteed']:>3}  borrowed {l['borrowed']:>3}  bound {l['bound']:>3}  "
-                         f"delegated {l['delegated']:>2}  spent today ${l['spentTodayUsd']:.2f}{wait}")
+                         f"delegated {l['delegated']:>2}  spent today ${l['spentTodayUsd']:.2f}{reserve}{wait}")
         if p["mustYield"]:
             yielders = ", ".join(f"{y['lane']} ({y['borrowed']})" for y in p["mustYield"])
             lines.append(f"    must yield at their next round: {yielders}; owed {p['owed']}")
     for s in doc["starving"]:
+        if s["kind"] == "provider-closed":
+            lines.append(f"STARVING provider-closed: {s['provider']} ({s['why']}) with {s['waiting']} waiting on "
+                         f"{s['pool']} until {time.strftime('%H:%M', time.gmtime(s['closedUntil']))}Z")
+            continue
         lines.append(f"STARVING {s['kind']}: lane {s.get('lane')} on {s.get('pool')} waiting since "
                      f"{time.strftime('%H:%M:%S', time.gmtime(s['waitingSince']))}Z")
+    return "\n".join(lines)
+
+
+def render_ledger(day: str, ledger: dict[str, dict[str, float]]) -> str:
+    """The day's spend, lane x provider, with each provider's total (the `*` row) last."""
+    providers = sorted({p for row in ledger.values() for p in row})
+    if not providers:
+        return f"ledger {day}: nothing spent"
+    width = max(10, *(len(p) for p in providers))
+    lines = [f"ledger {day} (USD)", f"{'lane':<14}" + "".join(f"{p:>{width + 2}}" for p in providers)]
+    for lane in sorted(l for l in ledger if l != "*") + (["*"] if "*" in ledger else []):
+        name = "total" if lane == "*" else lane
+        lines.append(f"{name:<14}" + "".join(f"{ledger[lane].get(p, 0.0):>{width + 2}.6f}" for p in providers))
     return "\n".join(lines)

@@ -17,8 +17,9 @@
     at: when admitted, the admission time; when refused, the waiter's enqueue time (its place in
     the queue; `now` when it holds no ticket)
     pod: the pod that holds the seat (same-intent: possibly another pod than the asker)
-    status ADMITTED with reason within-floor | overdraft | borrowed | same-intent
-    status REFUSED  with reason recovering | behind-older | reserved | fair-share | full | draw
+    status ADMITTED with reason probe | within-floor | overdraft | borrowed | same-intent
+    status REFUSED  with reason recovering | provider-closed | budget-reserve | budget-spent |
+                    behind-older | reserved | fair-share | cost-guard | full | draw
     (a refused try, wait = 0, leaves a waiter's ticket on another pool or lane where it is)
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_LANE, ADM_UNKNOWN_POOL, ADM_NO_CONFIG
 ]]
@@ -30,6 +31,7 @@
 --@include "seats"
 --@include "decide"
 --@include "events"
+--@include "provider"
 
 local SWEEP_PER_ADMIT = 4
 
@@ -72,26 +74,52 @@ return run(function()
   -- asks to wait there (then it moves).
   local elsewhere = ticket and (ticket.pool ~= pool or ticket.lane ~= lane)
 
-  -- Seams, in DESIGN §5 order, for the later issues: 0 delegated, 1 closed provider, 2 budget reserve.
+  -- Seam for the later issue, in docs/design.md §5 order: 0 delegated.
 
   local p = load_pool(T, pool)
   local L = load_lanes(cfg, pool)
-  local admitted, reason = false, nil
+  local admitted, reason, probe = false, nil, false
+  local provider = cfg.provider
 
   -- After a restart the pods' running rounds are unknown until their heartbeats re-assert them.
   if now < cfg.hold_until then reason = 'recovering' end
+  local pv, bud = load_provider(provider), nil
+  if not reason then
+    -- 1. Closed provider: the day's budget spent closes it until midnight; a closed provider
+    -- admits one probe round every probe_every while nothing runs on this pool.
+    bud = budget(cfg, provider, now, pv)
+    if bud and bud.spent >= bud.limit and not is_closed(pv, now) then
+      close_provider(cfg, provider, now, 'budget_reached')
+      pv = load_provider(provider)
+    end
+    if is_closed(pv, now) then
+      if probe_due(T, pv, p, now) then probe = true else reason = 'provider-closed' end
+    elseif bud and bud.left <= 0 then
+      -- 2. The budget: rounds in flight count at their pool's mean cost, so the day's limit is
+      -- overshot by at most the rounds already running ...
+      reason = 'budget-spent'
+    elseif bud and bud.left < cfg.lane[lane].reserve * bud.limit then
+      -- ... and a lane whose reserve is no longer left stops there
+      reason = 'budget-reserve'
+    end
+  end
   -- 3. Oldest first: a newcomer does not pass the older waiters of its own lane.
   if not reason and L.wait[lane] > 0 then
     local oldest = redis.call('ZRANGE', key('wait', pool, lane), 0, 0)[1]
     if oldest ~= id then reason = 'behind-older' end
   end
-  if not reason then admitted, reason = decide(cfg, T, p, L, lane, u) end
+  if not reason and probe then admitted, reason = true, 'probe'
+  elseif not reason then
+    local m = money(cfg, bud, lane, bud and lane_spend(cfg, provider, lane, bud.day), p.meanCost)
+    admitted, reason = decide(cfg, T, p, L, lane, u, guarded_at(m, 0))
+  end
 
   if admitted then
     if ticket then drop_ticket(id, ticket) end
     p.seq = redis.call('HINCRBY', key('pool', pool), 'seq', 1)
-    add_seat(cfg, pool, lane, id, {pod = pod, agent = agent, at = now, seq = p.seq, parent = parent, rev = rev},
-      now + T.lease_ttl)
+    add_seat(cfg, pool, lane, id, {pod = pod, agent = agent, at = now, seq = p.seq, parent = parent, rev = rev,
+      probe = probe and '1' or ''}, now + T.lease_ttl)
+    if probe then redis.call('HSET', key('provider', provider), 'lastProbe', fmt(now)) end
     redis.call('DEL', key('gone', id))
     p.running = p.running + 1
     -- more waiters and a slot still free: wake them now (every pod), not at the next clock

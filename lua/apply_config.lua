@@ -55,11 +55,24 @@ return run(function()
   elseif clock_mode ~= 'caller' then fail(ERR.BAD_ARG, CALLER_CLOCK_ONLY)
   else now = check_num('now', ARGV[4], nil, 0) end
   local want_hold = check_one_of('recovery hold', ARGV[5] or '0', {['0'] = true, ['1'] = true}) == '1'
+  -- providers: their daily limit (micro-USD) and their pools, for the budget rules
+  need(policy.providers == nil or type(policy.providers) == 'table', 'providers must be an object')
+  local providers = {}
+  for name, pv in pairs(policy.providers or {}) do
+    check_name('provider', name)
+    need(type(pv) == 'table', 'provider ' .. name .. ' must be an object')
+    local limit = pv.daily_limit_usd
+    need(limit == nil or (type(limit) == 'number' and limit >= 0 and limit <= 1e9),
+      'provider ' .. name .. ': daily_limit_usd must be in [0, 1e9]')
+    providers[name] = {pools = {}, limit = limit and math.floor(limit * 1e6 + 0.5) or nil}
+  end
   local names = {}
   for _, p in ipairs(policy.pools) do
     check_name('pool', p.name)
     check_name('provider', p.provider)
     need(string.find(p.name, '@', 1, true) ~= nil, 'pool ' .. p.name .. ' must be written model@provider')
+    if not providers[p.provider] then providers[p.provider] = {pools = {}} end
+    table.insert(providers[p.provider].pools, p.name)
     names[#names + 1] = p.name
   end
   local current = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
@@ -80,7 +93,7 @@ return run(function()
   if want_hold and current == 0 then hold = now + policy.tunables.lease_ttl / 3 + RECOVERY_MARGIN end
   local fields = {'version', current + 1, 'token', token, 'lanes', cjson.encode(policy.lanes),
     'tunables', cjson.encode(policy.tunables), 'pools', cjson.encode(names), 'policy', ARGV[2],
-    'clock', clock_mode, 'holdUntil', fmt(hold)}
+    'clock', clock_mode, 'holdUntil', fmt(hold), 'providers', cjson.encode(providers)}
   for _, p in ipairs(policy.pools) do
     fields[#fields + 1] = 'pool:' .. p.name
     fields[#fields + 1] = p.provider

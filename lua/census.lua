@@ -13,6 +13,9 @@
 --@include "pool"
 --@include "lanes"
 --@include "decide"
+--@include "seats"
+--@include "events"
+--@include "provider"
 --@include "census"
 
 return run(function()

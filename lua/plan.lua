@@ -6,7 +6,7 @@
   KEYS[1]  adm:{<mesh>}:config
   ARGV[1]  lane
   ARGV[2]  wanted (>= 0, whole)
-  ARGV[3]  now ('' = Redis TIME; unused by today's rules, kept for the later ones)
+  ARGV[3]  now ('' = Redis TIME)
   ARGV[4..] pools ('*' alone = the lane's pools: its `pools` list in the policy, else the catalog)
 
   Reply: {status, pool, n, pool, n, ...}
@@ -18,13 +18,31 @@
 --@include "pool"
 --@include "lanes"
 --@include "decide"
+--@include "seats"
+--@include "events"
+--@include "provider"
+
+-- The provider's day first (a closed provider starts only its probe), then the lane rules with
+-- the money context: what admit would do to `wanted` newcomers asking one after another.
+local function plan_here(cfg, pool, lane, wanted, now)
+  if now < cfg.hold_until then return 0 end -- the recovery hold admits nothing
+  local T, provider = cfg.T, check_pool(pool)
+  local p, L = load_pool(T, pool), load_lanes(cfg, pool)
+  local pv = load_provider(provider)
+  if is_closed(pv, now) then
+    return (wanted > 0 and L.wait[lane] == 0 and probe_due(T, pv, p, now)) and 1 or 0
+  end
+  local bud = budget(cfg, provider, now, pv)
+  return plan(cfg, T, p, L, lane, wanted, money(cfg, bud, lane, bud and lane_spend(cfg, provider, lane, bud.day),
+    p.meanCost))
+end
 
 return run(function()
   local cfg = load_config(nil)
   local lane = check_lane(cfg, ARGV[1])
   local wanted = check_num('wanted', ARGV[2], nil, 0)
   if wanted ~= math.floor(wanted) or wanted > 100000 then fail(ERR.BAD_ARG, 'wanted must be a whole number <= 100000') end
-  clock(ARGV[3])
+  local now = clock(ARGV[3])
   local pools = {}
   if ARGV[4] == '*' then
     pools = cfg.lane[lane].pools or catalog()
@@ -35,7 +53,7 @@ return run(function()
   local out = {STATUS.OK}
   for _, pool in ipairs(pools) do
     out[#out + 1] = pool
-    out[#out + 1] = plan(cfg, cfg.T, load_pool(cfg.T, pool), load_lanes(cfg, pool), lane, wanted)
+    out[#out + 1] = plan_here(cfg, pool, lane, wanted, now)
   end
   return out
 end)

@@ -1,15 +1,20 @@
 --[[
-  release — a round ended: free its seat and count its outcome. Idempotent: a release retried
-  after a lost reply finds the seat's tombstone and changes nothing.
+  release — a round ended: free its seat, count its outcome, book its cost. Idempotent: a release
+  retried after a lost reply finds the seat's tombstone and changes nothing; its cost is booked
+  under the charge key `release` of the seat, so a replay counts it once (charge.lua books the
+  cost of a release whose seat Redis lost).
 
   KEYS[1]  adm:{<mesh>}:config
   ARGV[1]  seat id (the round id)
   ARGV[2]  seq: the admission sequence the seat was given (binds the release to that admission)
   ARGV[3]  pod
-  ARGV[4]  outcome: clean | rate_limited | stall | round_cap | error
+  ARGV[4]  outcome: clean | rate_limited | stall | round_cap | error | key_daily_limit |
+           budget_reached | credit | key_rejected (a closing outcome closes the provider)
   ARGV[5]  seconds the round ran (>= 0)
   ARGV[6]  cost in integer micro-USD (0..1e12; '' = not priced; the day's ledger entry stays <= 2^53)
   ARGV[7]  now ('' = Redis TIME)
+  ARGV[8]  at: when the round ended ('' = now): the UTC day its cost is booked to (a replay from
+           the outbox keeps its day)
 
   Reply: {status, pool, decreased (0/1), est}
     status RELEASED, ALREADY_RELEASED (retry; nothing changed) or EXPIRED (lease had run out:
@@ -22,6 +27,7 @@
 --@include "pool"
 --@include "seats"
 --@include "events"
+--@include "provider"
 --@include "outcome"
 
 return run(function()
@@ -30,6 +36,7 @@ return run(function()
   local seconds = check_num('seconds', ARGV[5], 0, 0)
   if ARGV[6] ~= '' then check_num('cost', ARGV[6], nil, 0) end
   local now = clock(ARGV[7])
+  local at = check_at(ARGV[8], now)
   local cfg = load_config(nil)
 
   local s = check_owner(id, read_hash(key('seat', id)), seq, pod)
@@ -38,19 +45,19 @@ return run(function()
     local gone = check_owner(id, read_gone(id), seq, pod)
     if not gone then fail(ERR.UNKNOWN_SEAT, 'no seat ' .. id .. ' (never admitted, or gone for a day)') end
     if gone.state == 'released' then return {STATUS.ALREADY_RELEASED, gone.pool, 0, ''} end
-    cost = check_cost(ARGV[6], gone.lane, gone.pool, now)
+    cost = check_cost(ARGV[6], gone.lane, gone.pool, at)
     -- expired under a live round (a slow heartbeat): the counts were healed by the sweep; the
     -- round still ran, so count what it saw, once
     local p = load_pool(cfg.T, gone.pool)
-    local decreased = apply_outcome(cfg, p, gone.lane, now, outcome, seconds, cost, seq)
+    local decreased = apply_outcome(cfg, p, gone, id, now, outcome, seconds, cost, at)
     redis.call('SET', key('gone', id), table.concat({'released', gone.seq, gone.pod, gone.pool, gone.lane}, '|'),
       'KEEPTTL')
     return {STATUS.EXPIRED, gone.pool, decreased and 1 or 0, fmt(p.est)}
   end
 
-  cost = check_cost(ARGV[6], s.lane, s.pool, now)
+  cost = check_cost(ARGV[6], s.lane, s.pool, at)
   local p = load_pool(cfg.T, s.pool)
-  local decreased = apply_outcome(cfg, p, s.lane, now, outcome, seconds, cost, seq)
+  local decreased = apply_outcome(cfg, p, s, id, now, outcome, seconds, cost, at)
   drop_seat(id, s, 'released')
   wake(s.pool)
   event('released', 'round', id, 'pool', s.pool, 'lane', s.lane, 'outcome', outcome, 'seconds', fmt(seconds))

@@ -6,7 +6,8 @@
   ARGV[1]  seat id
   ARGV[2]  seq the seat was admitted with
   ARGV[3]  pod
-  ARGV[4]  signal: stall | round_cap | rate_limited
+  ARGV[4]  signal: stall | round_cap | rate_limited (load: one per seat), or key_daily_limit |
+           budget_reached | credit | key_rejected (closes the provider; always applied)
   ARGV[5]  now ('' = Redis TIME)
 
   Reply: {status, pool, decreased (0/1), est}
@@ -19,18 +20,19 @@
 --@include "pool"
 --@include "events"
 --@include "seats"
+--@include "provider"
 --@include "outcome"
 
 return run(function()
   local id, seq, pod = seat_args()
-  local signal = check_one_of('signal', ARGV[4], LOAD)
+  local what = check_one_of('signal', ARGV[4], SIGNALS)
   local now = clock(ARGV[5])
   local cfg = load_config(nil)
   local s = check_owner(id, read_hash(key('seat', id)), seq, pod)
   if not s then fail(ERR.UNKNOWN_SEAT, 'no live seat ' .. id) end
   local p = load_pool(cfg.T, s.pool)
-  if s.signalled ~= '' then return {STATUS.ALREADY_REPORTED, s.pool, 0, fmt(p.est)} end
-  local decreased = load_signal(cfg.T, p, now, signal, seq)
-  redis.call('HSET', key('seat', id), 'signalled', signal)
+  if s.signalled ~= '' and LOAD[what] then return {STATUS.ALREADY_REPORTED, s.pool, 0, fmt(p.est)} end
+  local decreased = signal(cfg, p, now, what, seq)
+  if LOAD[what] then redis.call('HSET', key('seat', id), 'signalled', what) end
   return {STATUS.REPORTED, s.pool, decreased and 1 or 0, fmt(p.est)}
 end)

@@ -19,6 +19,7 @@
 --@include "seats"
 --@include "decide"
 --@include "events"
+--@include "provider"
 --@include "census"
 
 return run(function()

@@ -206,3 +206,129 @@ def test_cli_rejects_bad_arguments(capsys):
     assert cli.main(["--runs", "0", "--no-progress"]) == 2
     with pytest.raises(SystemExit):
         cli.main(["--scenario", "nope"])
+
+
+# -- provider-day -------------------------------------------------------------------------------
+def test_provider_key_counts_its_day_and_resets_at_midnight():
+    from admission.classify import outcome_of
+    from admission.sim.engine import EPOCH
+
+    key = model.ProviderKey(1.0, 0.02)               # 1 USD a day, 0.02 USD per 1,000 tokens
+    t = EPOCH                                         # 08:00 UTC
+    assert key.open(t) and key.bill(30_000, "reviews", t) == pytest.approx(0.6)
+    assert key.open(t + 1)                            # 0.6 < 1: requests pass
+    key.bill(25_000, "triage", t + 2)                 # the request in flight completes: 1.1
+    assert not key.open(t + 3) and key.reached_at == t + 2
+    assert key.today()["by_lane"] == {"reviews": pytest.approx(0.6), "triage": pytest.approx(0.5)}
+    midnight = (EPOCH // 86_400 + 1) * 86_400
+    assert not key.open(midnight - 0.001) and key.open(midnight)   # 00:00 UTC: the count starts again
+    assert key.totals(int(EPOCH // 86_400))["spent"] == pytest.approx(1.1)
+    # the provider's answer, as the rules classify it (the baseline calls it a plain error)
+    assert outcome_of(model.key_limit_error()) == "key_daily_limit"
+
+
+def test_provider_pool_requests_end_where_the_key_bills_them():
+    pool = model.ProviderPool("p@sim", K, turn_tokens=2_000)
+    pool.add("a", 5_000, 0.0)                         # requests end at 2,000 and 4,000; done at 5,000
+    assert pool.next_turn_end() == pytest.approx(2_000 / 61)
+    assert pool.pop_turn_ends(2_000 / 61) == ["a"]
+    assert pool.served_tokens("a") == pytest.approx(2_000)
+    assert pool.pop_turn_ends(4_000 / 61) == ["a"]
+    assert pool.next_turn_end() is None               # the last request ends with the round
+    assert pool.pop_finished(5_000 / 61) == ["a"]
+
+
+def test_working_day_load():
+    items = load.working_day(rng_for(1, "provider-day", 0), "main@sim")
+    lanes = {l: sum(1 for i in items if i.lane == l) for l in ("express", "babysitter", "reviews", "bugfix", "triage")}
+    assert lanes["bugfix"] == load.DAY_BUG_BACKLOG and lanes["triage"] == 247 and lanes["babysitter"] == 165
+    assert 150 < lanes["reviews"] < 250 and 70 < lanes["express"] < 130   # Poisson, 12 and 6 an hour
+    assert max(i.arrival for i in items) < load.DAY_HOURS * 3600
+
+
+#: a short day for the tests: the same code path, 08:00-11:00 UTC on a key of 30 USD
+SHORT_LIMIT, SHORT_HOURS = 30.0, 3.0
+
+
+@pytest.fixture(scope="module")
+def short_day(backend):
+    sc = dataclasses.replace(scenarios.make("provider-day", K), limit_usd=SHORT_LIMIT, hours=SHORT_HOURS)
+    out = {}
+    for pol in scenarios.DAY_POLICIES:
+        sim = simulate(sc, pol, rng_for(1, "provider-day", 0), backend=backend, record=True)
+        out[pol] = (Job("provider-day", pol, 0, record=True), sim.figures(), sim.trace.points)
+    return out
+
+
+@needs_server
+def test_provider_day_with_the_rules_stops_lanes_in_reserve_order_without_a_storm(short_day):
+    f = short_day["with-rules"][1]
+    assert f["limit_usd"] == SHORT_LIMIT
+    stop, why = f["stopped_hour"], f["stopped_by"]
+    assert all(stop[lane] is not None for lane in stop), stop
+    # the lanes stop in reserve order: triage (30 %) first, express (0) last and never for a reserve.
+    # (A lane is seen to stop when it next asks: reviews arrive at random and may first ask once
+    # the day is spent, so they are only checked against express.)
+    assert stop["triage"] == min(stop.values())
+    assert stop["triage"] <= stop["bugfix"] <= stop["babysitter"] <= stop["express"]
+    assert stop["reviews"] <= stop["express"]
+    assert all(why[l] in ("budget-reserve", "budget-spent") for l in ("triage", "bugfix", "reviews", "babysitter"))
+    assert why["express"] in ("budget-spent", "provider-closed", "403")
+    if why["express"] == "403":  # a round in flight when the key's count reached the limit
+        assert f["limit_reached_hour"] is not None and stop["express"] >= f["limit_reached_hour"]
+    # the limit is passed by no more than what was in flight when the count reached it
+    assert f["limit_reached_hour"] is not None
+    assert f["overshoot_usd"] <= f["in_flight_usd_at_limit"] + 1e-9
+    # the provider closed once, for the rest of the day; only probes then met the 403
+    assert f["closures"] == 1 and f["closed_by"] in ("key_daily_limit", "budget_reached")
+    assert f["probes"] > 0 and f["probes_clean"] == 0
+    assert f["fast_403_probes"] == f["probes"]
+    # no storm: the lanes' own rounds did not end on the 403 one after another
+    assert f["storm_rounds"] <= 2 and f["storm_hours"] < 0.05
+    assert f["provider_403"] - f["fast_403_probes"] <= 3
+    # the admission's ledger books what the provider billed (rounds still running at the end aside)
+    assert f["ledger_usd"] <= f["spend_total_usd"] + 1e-6
+    assert f["ledger_usd"] >= f["spend_total_usd"] - 2.0
+
+
+@needs_server
+def test_provider_day_without_the_rules_every_lane_stops_at_once_in_a_storm(short_day):
+    w, f = short_day["with-rules"][1], short_day["without-rules"][1]
+    # the key's own count bounds the overshoot (requests in flight complete) ...
+    assert f["overshoot_usd"] <= f["in_flight_usd_at_limit"] + 1e-9
+    # ... but every lane stops at once, on the 403, when the key's count reaches the limit
+    reached = f["limit_reached_hour"]
+    assert all(why == "403" for why in f["stopped_by"].values())
+    assert all(reached <= h < reached + 5 / 60 for h in f["stopped_hour"].values()), f["stopped_hour"]
+    # and from then on every round of every lane ends within a second on the 403: the storm
+    assert f["closures"] == f["probes"] == 0
+    assert f["storm_rounds"] >= 100 and f["storm_hours"] > 1.0
+    # (with the rules only the probes meet it, one at a time, probe_every apart)
+    assert f["fast_403"] - f["fast_403_probes"] > 100 * max(1, w["fast_403"] - w["fast_403_probes"])
+    # with the rules the day lasts longer: the lanes below express stop early, so the key runs out later
+    assert w["limit_reached_hour"] > reached
+    assert w["spend_usd"]["express"] > f["spend_usd"]["express"]
+    assert w["done"]["express"] >= f["done"]["express"]
+
+
+@needs_server
+def test_provider_day_report_table_json_and_plot(short_day, tmp_path):
+    from admission.sim import report
+
+    doc = report.collect(list(short_day.values()), config={"runs": 1, "seed": 1, "capacity": K, "hours": 10})
+    sc = doc["scenarios"]["provider-day"]
+    assert sc["reserve"] == {"express": 0.0, "babysitter": 0.05, "reviews": 0.10, "bugfix": 0.20, "triage": 0.30}
+    assert set(sc["policies"]) == {"with-rules", "without-rules"}
+    mean = sc["policies"]["with-rules"]["mean"]
+    for name in ("provider_403", "fast_403", "storm_rounds", "closures", "probes", "overshoot_usd",
+                 "in_flight_usd_at_limit", "spend_usd", "stopped_hour"):
+        assert name in mean
+    text = report.table(doc)
+    assert "provider-day" in text and "storm rounds" in text and "reserve" in text
+    assert "| with-rules | express | 0% |" in report.markdown(doc)
+    report.write_json(doc, tmp_path / "day.json")
+    assert json.loads((tmp_path / "day.json").read_text())["scenarios"]["provider-day"]["policies"]
+    pytest.importorskip("matplotlib")
+    traces = {"provider-day": {job.policy: trace for job, _, trace in short_day.values()}}
+    (path,) = report.plots(traces, doc, tmp_path)
+    assert path.name == "provider-day.png" and path.stat().st_size > 1000

@@ -159,33 +159,38 @@ def test_a_round_that_ended_is_never_re_asserted_whatever_its_release_answered(r
     with a.round(lane="x", model=POOL, round_id="r1") as r:
         redis_client.flushall()                                   # a restart without persistence
     assert a._book.seats == {}                                    # forgotten: NoPolicy on release
-    assert [p.seat.id for p in a._pending] == ["r1"]              # kept for a retry, not dropped
+    assert [r["seat"][0] for r in a._pending.memory] == ["r1"]    # kept for a retry, not dropped
     a.apply_policy(pol, recovery_hold=False)
     hb = a.heartbeat()
     assert hb.reasserted == [] and pool_state(redis_client).get("running", "0") == "0"
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="admission"):
-        a._retry_pending()                                        # UnknownSeat now: recorded
-    assert a._pending == type(a._pending)()
+        a.flush()                                                 # UnknownSeat now: recorded
+    assert len(a._pending) == 0
     logs = [r.admission for r in caplog.records]
     assert [e["event"] for e in logs] == ["release_unapplied"] and logs[0]["round"] == "r1"
     assert r.seat.id == "r1"
 
 
-def test_a_release_redis_cannot_reach_is_retried_by_the_clock(redis_client):
-    a = adm(redis_client, pol=policy(ONE_LANE))
-    d = Rounds(a).fill("x", 1)[0]
+def test_a_release_redis_cannot_reach_waits_in_the_outbox_and_counts_once(redis_client, tmp_path):
+    path = tmp_path / "pod-a.outbox"
+    a = Admission(redis_client, mesh="t", pod="pod-a", background=False, outbox=path)
+    a.apply_policy(policy(ONE_LANE), recovery_hold=False)
     real = scripts.call
-    scripts.call = lambda *a_, **k: (_ for _ in ()).throw(redis.ConnectionError("down"))
     try:
-        from admission.base import PendingRelease
-        assert not a._apply_release(PendingRelease(d, "clean", 1.0, 0.25, T0 + 1))
+        with a.round(lane="x", model=POOL, round_id="r1") as r:
+            r.cost_usd = 0.25
+            scripts.call = lambda *a_, **k: (_ for _ in ()).throw(redis.ConnectionError("down"))
     finally:
         scripts.call = real
-    assert len(a._pending) == 1 and a._book.seats == {}
-    a._retry_pending()
-    assert len(a._pending) == 0 and pool_state(redis_client)["running"] == "0"
-    assert redis_client.hget("adm:{t}:spend:2027-01-15", "x|p") == b"250000"
+    assert len(a._pending) == 1 and a._book.seats == {} and a._pending.memory == type(a._pending.memory)()
+    a._pending.outbox.close()                                     # the pod dies here
+    b = Admission(redis_client, mesh="t", pod="pod-a", background=False, outbox=path)   # and restarts
+    assert b.flush() == 0
+    assert b.flush() == 0                                         # nothing twice
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    assert pool_state(redis_client)["running"] == "0"
+    assert b.ledger(today) == {"x": {"p": 0.25}, "*": {"p": 0.25}}
 
 
 def test_a_bad_price_on_a_round_still_releases_its_seat(redis_client):

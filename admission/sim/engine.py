@@ -34,9 +34,14 @@ class Round:
     pool: str
     tokens: float
     asked_at: float
-    state: str = "asking"  # asking | doomed (will hear a 429) | served | ended
+    state: str = "asking"  # asking | doomed (will hear a 429) | refused (will hear a 403) | served | ended
     started_at: float = math.nan
     seat: Any = None
+    left: float = 0.0        # tokens it still needed when it was cut
+    # provider-day: what the provider billed it, and whether the admission let it through as a probe
+    billed: float = 0.0      # tokens
+    cost_usd: float = 0.0
+    probe: bool = False
 
 
 @dataclass
@@ -116,32 +121,40 @@ class Sim:
 
     def _start(self, rounds: list[Round]) -> None:
         for rnd in rounds:
-            pool = self.pools[rnd.pool]
-            pool.advance(self.now)
-            rnd.started_at = self.now
-            self.seats[rnd.pool] += 1
-            n = pool.n + 1
-            p = model.p_rate_limited(n, pool.k)
-            if p > 0 and self.draw() < p:
-                rnd.state = "doomed"
-                self._push(self.now + self.rng.uniform(0.0, model.RATE_LIMIT_WITHIN), RATE429, rnd)
-            else:
-                rnd.state = "served"
-                self._served_changed(pool)
-                pool.add(rnd.id, rnd.tokens, self.now)
-                self.rounds[rnd.id] = rnd
-                if rnd.item.first_start is None:
-                    rnd.item.first_start = self.now
-                self._push(self.now + model.STALL_AFTER, STALL, rnd)
-                self._push(self.now + model.ROUND_CAP, CUT, rnd)
-                self._schedule_finish(pool)
-                if self._in_window():
-                    self.peak[rnd.pool] = max(self.peak[rnd.pool], pool.n)
-            est = self.policy.estimates(rnd.pool) if self.policy.has_estimate else ()
-            if est and self._in_window():
-                self.peak_over[rnd.pool] = max(self.peak_over[rnd.pool],
-                                               self.seats[rnd.pool] - max(1, math.floor(max(est))))
-            self._record(rnd.pool)
+            self._start_one(rnd)
+
+    def _start_one(self, rnd: Round) -> None:
+        """The admission let ``rnd`` start: it reaches the provider now."""
+        pool = self.pools[rnd.pool]
+        pool.advance(self.now)
+        rnd.started_at = self.now
+        self.seats[rnd.pool] += 1
+        self._reach_provider(rnd, pool)
+        est = self.policy.estimates(rnd.pool) if self.policy.has_estimate else ()
+        if est and self._in_window():
+            self.peak_over[rnd.pool] = max(self.peak_over[rnd.pool],
+                                           self.seats[rnd.pool] - max(1, math.floor(max(est))))
+        self._record(rnd.pool)
+
+    def _reach_provider(self, rnd: Round, pool: model.ProviderPool) -> None:
+        """The provider refuses ``rnd`` with a 429 (it hears it later) or serves it."""
+        n = pool.n + 1
+        p = model.p_rate_limited(n, pool.k)
+        if p > 0 and self.draw() < p:
+            rnd.state = "doomed"
+            self._push(self.now + self.rng.uniform(0.0, model.RATE_LIMIT_WITHIN), RATE429, rnd)
+        else:
+            rnd.state = "served"
+            self._served_changed(pool)
+            pool.add(rnd.id, rnd.tokens, self.now)
+            self.rounds[rnd.id] = rnd
+            if rnd.item.first_start is None:
+                rnd.item.first_start = self.now
+            self._push(self.now + model.STALL_AFTER, STALL, rnd)
+            self._push(self.now + model.ROUND_CAP, CUT, rnd)
+            self._schedule_finish(pool)
+            if self._in_window():
+                self.peak[rnd.pool] = max(self.peak[rnd.pool], pool.n)
 
     def _end(self, rnd: Round, outcome: str) -> None:
         rnd.state = "ended"
@@ -154,13 +167,21 @@ class Sim:
             self.left -= 1
             if self._in_window():
                 self.tokens_done += rnd.tokens
-        elif item.lane == PACED_LANE:
-            self.backlog[(rnd.pod, item.pool)].append(item)  # back to the bug pool
         else:
-            self._ask(item)  # the worker asks again at once (and waits)
+            self._again(rnd, outcome)
         for pod in self.policy.listeners(rnd.pod):
             self._pace(pod, rnd.pool)
         self._record(rnd.pool)
+
+    def _again(self, rnd: Round, outcome: str) -> None:
+        """A round that did no useful work: its item is asked again."""
+        if rnd.item.lane == PACED_LANE:
+            self.backlog[(rnd.pod, rnd.item.pool)].append(rnd.item)  # back to the bug pool
+        else:
+            self._ask(rnd.item)  # the worker asks again at once (and waits)
+
+    def on_decision(self, rnd: Round, decision: Any) -> None:
+        """The admission's answer to one ask (the provider-day scenario reads the reasons)."""
 
     # -- the lane that starts work (the bug pool) ---------------------------------------------
     def _pace(self, pod: str, pool: str) -> None:
@@ -222,7 +243,7 @@ class Sim:
             if rnd.state == "served":
                 pool = self.pools[rnd.pool]
                 self._served_changed(pool)
-                pool.remove(rnd.id, self.now)
+                rnd.left = pool.remove(rnd.id, self.now)
                 del self.rounds[rnd.id]
                 if self._in_window():
                     self.cut += 1

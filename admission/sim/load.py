@@ -42,6 +42,19 @@ IDLE_BURST_AT = 3 * 3_600.0
 SMALL_POOL_SHARE = 1 / 3
 # multipod
 PODS = 4
+# provider-day: a working day on one provider key with a daily limit. Simulated t = 0 is 08:00 UTC
+# (engine.EPOCH); the window runs to 00:30 UTC, half an hour past the key's reset at midnight.
+DAY_HOURS = 16.5                 # 08:00 to 00:30 UTC
+#: the key's daily limit (and the policy's daily_limit_usd with the rules): without the rules the
+#: load reaches it at 14:49 on average (seed 1, ten runs), as on the seed's day (14:47)
+KEY_DAILY_LIMIT_USD = 155.0
+PRICE_PER_1K_TOKENS = 0.02       # USD per 1,000 tokens of a round: a review round costs 0.80
+TURN_TOKENS = 2_000              # one request of a round (billed at its end, the key checked at its start)
+ERROR_RETRY_AFTER = 1_800.0      # s: a worker whose round failed with an `error` asks again 30 min later
+DAY_REVIEWS_PER_HOUR = 12.0      # review heads (40,000 tokens), Poisson, all day
+DAY_BUG_BACKLOG = 300            # open bugs at 08:00 (20,000 tokens, the seed's severities and ages)
+DAY_EXPRESS_PER_HOUR = 6.0       # express asks (a person waits on the answer), Poisson, all day
+EXPRESS_TOKENS = 20_000
 
 
 @dataclass
@@ -74,10 +87,10 @@ def reviews(rng: np.random.Generator, pool: str, t0: float = 0.0) -> list[Item]:
     return [Item(f"rev{i:02d}", "reviews", pool, REVIEW_TOKENS, t0 + float(a)) for i, a in enumerate(at)]
 
 
-def bug_backlog(rng: np.random.Generator, pool: str, t0: float = 0.0) -> list[Item]:
+def bug_backlog(rng: np.random.Generator, pool: str, t0: float = 0.0, n: int = BUG_BACKLOG) -> list[Item]:
     names = list(BUG_SEVERITY)
-    sev = rng.choice(len(names), size=BUG_BACKLOG, p=list(BUG_SEVERITY.values()))
-    ages = rng.uniform(0.0, BUG_MAX_AGE, BUG_BACKLOG)
+    sev = rng.choice(len(names), size=n, p=list(BUG_SEVERITY.values()))
+    ages = rng.uniform(0.0, BUG_MAX_AGE, n)
     return [Item(f"bug{i:03d}", "bugfix", pool, BUG_TOKENS, t0, severity=names[s], age0=float(a))
             for i, (s, a) in enumerate(zip(sev, ages))]
 
@@ -97,6 +110,28 @@ def measured_load(rng: np.random.Generator, pool: str, t0: float = 0.0) -> list[
     return (reviews(rng, pool, t0) + bug_backlog(rng, pool, t0) + red_mains(pool, t0)
             + periodic("triage", TRIAGE_EVERY, TRIAGE_TOKENS, pool, t0)
             + periodic("babysitter", BABYSITTER_EVERY, BABYSITTER_TOKENS, pool, t0))
+
+
+def poisson(rng: np.random.Generator, lane: str, per_hour: float, tokens: float, pool: str, until: float,
+            t0: float = 0.0) -> list[Item]:
+    """Arrivals of one lane at ``per_hour`` (Poisson) from ``t0`` until ``until``."""
+    n = int(rng.poisson(per_hour * (until - t0) / 3600.0))
+    at = np.sort(rng.uniform(t0, until, n))
+    return [Item(f"{lane[:3]}{i:03d}", lane, pool, tokens, float(a)) for i, a in enumerate(at)]
+
+
+def working_day(rng: np.random.Generator, pool: str) -> list[Item]:
+    """provider-day: the bug backlog open at 08:00 (the bug pool works it all day), review heads
+    and express asks arriving all day, triage every four minutes and the babysitter every six
+    (the seed's periods), until the end of the window."""
+    until = DAY_HOURS * 3600.0
+    return (poisson(rng, "reviews", DAY_REVIEWS_PER_HOUR, REVIEW_TOKENS, pool, until)
+            + bug_backlog(rng, pool, n=DAY_BUG_BACKLOG)
+            + poisson(rng, "express", DAY_EXPRESS_PER_HOUR, EXPRESS_TOKENS, pool, until)
+            + [Item(f"tri{i:03d}", "triage", pool, TRIAGE_TOKENS, i * TRIAGE_EVERY)
+               for i in range(int(until // TRIAGE_EVERY))]
+            + [Item(f"bab{i:03d}", "babysitter", pool, BABYSITTER_TOKENS, i * BABYSITTER_EVERY)
+               for i in range(int(until // BABYSITTER_EVERY))])
 
 
 def sizes() -> dict:

@@ -12,6 +12,15 @@ One pool of one provider, with carrying capacity K:
   reported as a stall by the worker's watchdog, and goes on;
 * a round still running after ``ROUND_CAP`` (1,800 s) is cut.
 
+The provider's day (scenario ``provider-day``; ``ProviderKey``): the pool is reached through one
+API key with a daily limit in USD, counted by the provider itself. A round is a sequence of
+requests of ``turn`` tokens (``ProviderPool(turn_tokens=...)``); the key is checked when a request
+starts and a request is billed (its tokens at a price per 1,000) when it ends. Once the day's count
+has reached the limit, every request is refused with HTTP 403 "Key limit exceeded (daily limit)"
+within a second — a new round at its first request, a running round at its next one — until
+00:00 UTC, when the count starts again at zero. The requests in flight when the count reaches the
+limit complete and are billed: that is the provider's own overshoot.
+
 Nothing here draws a random number: the engine draws from the run's Generator and passes it in.
 """
 from __future__ import annotations
@@ -49,7 +58,7 @@ class ProviderPool:
     has received; a round started at ``v0`` with ``tokens`` finishes when ``v`` reaches
     ``v0 + tokens``. Finish order is the order of those targets (a heap)."""
 
-    def __init__(self, name: str, k: float):
+    def __init__(self, name: str, k: float, turn_tokens: float | None = None):
         self.name = name
         self.k = float(k)
         self.v = 0.0
@@ -57,6 +66,12 @@ class ProviderPool:
         self.served: dict[str, float] = {}   # round id -> target v
         self._heap: list[tuple[float, str]] = []
         self.version = 0                      # bumped whenever n changes (stale finish events)
+        # requests (provider-day only): a round is a sequence of requests of `turn` tokens; the
+        # ends of its requests but the last are the points where the provider bills and checks
+        self.turn = turn_tokens
+        self.start_v: dict[str, float] = {}  # round id -> v when it started
+        self._turns: list[tuple[float, str]] = []
+        self.turn_seq = 0                     # the engine's stamp on the one valid request-end event
 
     @property
     def n(self) -> int:
@@ -77,13 +92,46 @@ class ProviderPool:
         self.served[rid] = target
         heapq.heappush(self._heap, (target, rid))
         self.version += 1
+        if self.turn:
+            self.start_v[rid] = self.v
+            if tokens > self.turn + _EPS:
+                heapq.heappush(self._turns, (self.v + self.turn, rid))
 
     def remove(self, rid: str, t: float) -> float:
         """Stop serving ``rid`` (cut); returns the tokens it still needed."""
         self.advance(t)
         target = self.served.pop(rid)
+        self.start_v.pop(rid, None)
         self.version += 1
         return max(0.0, target - self.v)
+
+    def served_tokens(self, rid: str) -> float:
+        """Tokens ``rid`` has received so far (requests only)."""
+        return self.v - self.start_v[rid]
+
+    def _turn_top(self) -> tuple[float, str] | None:
+        while self._turns and self._turns[0][1] not in self.served:
+            heapq.heappop(self._turns)  # ended, cut or refused rounds
+        return self._turns[0] if self._turns else None
+
+    def next_turn_end(self) -> float | None:
+        """Simulated time when the next request (not a round's last) ends, at the current n."""
+        top = self._turn_top()
+        if top is None:
+            return None
+        return self.t + max(0.0, top[0] - self.v) / self.rate()
+
+    def pop_turn_ends(self, t: float) -> list[str]:
+        """Advance to ``t``; the rounds whose request (not their last) has just ended, in order.
+        Each one's next request is queued (while it is not its last)."""
+        self.advance(t)
+        out = []
+        while (top := self._turn_top()) is not None and top[0] <= self.v + _EPS:
+            v, rid = heapq.heappop(self._turns)
+            if v + self.turn < self.served[rid] - _EPS:
+                heapq.heappush(self._turns, (v + self.turn, rid))
+            out.append(rid)
+        return out
 
     def remaining(self, rid: str) -> float:
         return max(0.0, self.served[rid] - self.v)
@@ -107,7 +155,82 @@ class ProviderPool:
         while (top := self._top()) is not None and top[0] <= self.v + _EPS:
             heapq.heappop(self._heap)
             del self.served[top[1]]
+            self.start_v.pop(top[1], None)
             done.append(top[1])
         if done:
             self.version += 1
         return done
+
+
+# -- the provider's day: one key with a daily limit (scenario provider-day) --------------------
+KEY_LIMIT_STATUS = 403
+KEY_LIMIT_MESSAGE = "Key limit exceeded (daily limit)"  # the seed's OpenRouter answer
+KEY_REFUSAL_WITHIN = 1.0  # s: a request on a key past its limit hears the 403 within a second
+DAY = 86_400.0
+
+
+class ProviderError(Exception):
+    """What a round's request got back from the provider: an HTTP status and its message (the
+    shape ``admission.classify`` reads, like an SDK's error)."""
+
+    def __init__(self, status_code: int, message: str):
+        super().__init__(f"Error code: {status_code} - {{'error': {{'message': '{message}', 'code': {status_code}}}}}")
+        self.status_code = status_code
+        self.message = message
+
+
+def key_limit_error() -> ProviderError:
+    return ProviderError(KEY_LIMIT_STATUS, KEY_LIMIT_MESSAGE)
+
+
+class ProviderKey:
+    """One API key's day, as the provider counts it (epoch seconds; the day is the UTC day).
+
+    ``bill`` adds a request's cost (its tokens at ``price_per_1k`` USD per 1,000 tokens) to the
+    day's count, per lane for the report; ``open`` says whether a request starting now passes the
+    key: not once the day's count reached ``limit_usd``. The count starts again at 00:00 UTC; a
+    day's totals stay readable in ``days`` (``spent``, ``by_lane``, ``reached_at``)."""
+
+    def __init__(self, limit_usd: float | None, price_per_1k: float):
+        self.limit = limit_usd
+        self.price = price_per_1k
+        self.days: dict[int, dict] = {}
+        self.day: int | None = None
+        self.spent = 0.0
+        self.by_lane: dict[str, float] = {}
+        self.reached_at: float | None = None  # when the day's count reached the limit
+
+    def cost(self, tokens: float) -> float:
+        return tokens / 1000.0 * self.price
+
+    def _roll(self, now: float) -> None:
+        day = int(now // DAY)
+        if day != self.day:
+            if self.day is not None:
+                self.days[self.day] = self.today()
+            self.day, self.spent, self.by_lane, self.reached_at = day, 0.0, {}, None
+
+    def today(self) -> dict:
+        return {"spent": self.spent, "by_lane": dict(self.by_lane), "reached_at": self.reached_at}
+
+    def totals(self, day: int) -> dict:
+        """The totals of a UTC day (day number = epoch // 86,400)."""
+        if day == self.day:
+            return self.today()
+        return self.days.get(day, {"spent": 0.0, "by_lane": {}, "reached_at": None})
+
+    def open(self, now: float) -> bool:
+        self._roll(now)
+        return self.limit is None or self.spent < self.limit
+
+    def bill(self, tokens: float, lane: str, now: float) -> float:
+        """Bill one request that ended now; returns its cost."""
+        self._roll(now)
+        usd = self.cost(tokens)
+        if usd <= 0:
+            return 0.0
+        self.spent += usd
+        self.by_lane[lane] = self.by_lane.get(lane, 0.0) + usd
+        if self.limit is not None and self.reached_at is None and self.spent >= self.limit:
+            self.reached_at = now
+        return usd

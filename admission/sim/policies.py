@@ -15,7 +15,9 @@ from collections import deque
 from typing import Any
 
 from .. import Admission
+from ..classify import outcome_of
 from . import model
+from .load import KEY_DAILY_LIMIT_USD
 
 #: The seed's lanes that carry the measured load (deploy/policy.example.toml, same values).
 LANES = {
@@ -26,6 +28,10 @@ LANES = {
 }
 #: Defaults of DESIGN §4, except the lease: a simulated day outlives every run, so no heartbeats.
 TUNABLES = {"lease_ttl": 86_400}
+#: provider-day: the seed's lanes and express (deploy/policy.example.toml: floor, weight, priority).
+#: No reserve is set: the rules' defaults by lane name apply (admission.policy.DEFAULT_RESERVE:
+#: triage 30 %, bugfix 20 %, reviews 10 %, babysitter 5 %, express 0).
+DAY_LANES = {"express": {"floor": 0.10, "weight": 4, "priority": 70}, **LANES}
 LOAD = ("rate_limited", "stall", "round_cap")
 STEP_FACTOR = 0.1        # step: a tenth of the measured load ...
 STEP_FOR = 35 * 60.0     # ... for 35 minutes
@@ -234,9 +240,15 @@ class SeedAndGrow(Policy):
         self.mesh_prefix = mesh_prefix
         self.name = "seed-and-grow-private" if private else "seed-and-grow"
 
+    lanes = LANES
+    provider = "sim"
+
+    def providers(self) -> dict:
+        return {self.provider: {}}
+
     def setup(self, sim) -> None:
         super().setup(sim)
-        policy = {"tunables": TUNABLES, "lanes": LANES, "providers": {"sim": {}},
+        policy = {"tunables": TUNABLES, "lanes": self.lanes, "providers": self.providers(),
                   "pools": {p: {} for p in sim.pools}, "clock": "caller"}
         self.mesh = {pod: f"{self.mesh_prefix}-{i if self.private else 0}" for i, pod in enumerate(sim.pods)}
         self.adm = {pod: Admission(self.client, mesh=self.mesh[pod], pod=pod, background=False) for pod in sim.pods}
@@ -253,6 +265,7 @@ class SeedAndGrow(Policy):
         d = self.adm[rnd.pod].try_admit(lane=rnd.lane, model=rnd.pool, round_id=rnd.id, now=now,
                                         draw=self.sim.draw(), wait=True)
         self.est[(self.mesh[rnd.pod], rnd.pool)] = d.estimate
+        self.sim.on_decision(rnd, d)
         if d.admitted:
             rnd.seat = d.seat
         return d.admitted
@@ -275,12 +288,16 @@ class SeedAndGrow(Policy):
                 del groups[key]
         return out
 
+    def reask(self, pod: str, pool: str, now: float) -> list:
+        """The pod's oldest waiters on ``pool`` ask again (a waiter's own retry timer)."""
+        return self._reask(pod, pool, now)
+
     def report(self, rnd, signal, now):
         r = self.adm[rnd.pod].report(rnd.seat, signal=signal, now=now)
         self.est[(self.mesh[rnd.pod], rnd.pool)] = r.estimate
 
     def release(self, rnd, outcome, seconds, now):
-        r = self.adm[rnd.pod].release(rnd.seat, outcome=outcome, seconds=seconds, now=now)
+        r = self.adm[rnd.pod].release(rnd.seat, outcome=outcome, seconds=seconds, cost_usd=self.cost(rnd), now=now)
         mesh = self.mesh[rnd.pod]
         if r.estimate is not None:
             self.est[(mesh, rnd.pool)] = r.estimate
@@ -309,6 +326,10 @@ class SeedAndGrow(Policy):
     def listeners(self, pod):
         return self.pods_of[self.mesh[pod]]
 
+    def cost(self, rnd) -> float | None:
+        """The cost a release reports (None: not priced, as in the seed's scenarios)."""
+        return None
+
     def estimates(self, pool):
         return tuple(self.est[(m, pool)] for m in self.pods_of)
 
@@ -317,10 +338,58 @@ class SeedAndGrow(Policy):
             adm.close()
 
 
-NAMES = ("step", "seed-and-grow", "seed-and-grow-private", "oracle")
+class Day(SeedAndGrow):
+    """provider-day: the shipped Lua on one shared mesh with the seed's lanes and express.
+
+    ``rules=True`` (``with-rules``): the policy declares the key's daily limit
+    (``daily_limit_usd``), every release reports the round's cost (what the provider billed; a
+    round refused at its first request reports none) and the provider's 403 is classified by
+    ``admission.classify`` (``key_daily_limit``: a closure until midnight).
+    ``rules=False`` (``without-rules``, the seed's baseline): admission knows no budget, no cost is
+    reported, and the 403 is a plain ``error`` (no closure)."""
+
+    lanes = DAY_LANES
+
+    def __init__(self, client, *, rules: bool, limit_usd: float, mesh_prefix: str = "sim"):
+        super().__init__(client, mesh_prefix=mesh_prefix)
+        self.rules = rules
+        self.limit_usd = limit_usd
+        self.name = "with-rules" if rules else "without-rules"
+
+    def providers(self) -> dict:
+        return {self.provider: {"daily_limit_usd": self.limit_usd} if self.rules else {}}
+
+    def outcome(self, error: Exception) -> str:
+        return outcome_of(error) if self.rules else "error"
+
+    def cost(self, rnd) -> float | None:
+        return rnd.cost_usd if self.rules and rnd.cost_usd > 0 else None
+
+    def provider_state(self) -> dict[str, float | str]:
+        """The provider's closure as the rules hold it (closedUntil, why, closedAt)."""
+        mesh = next(iter(self.pods_of))
+        raw = self.client.hmget(f"adm:{{{mesh}}}:provider:{self.provider}", "closedUntil", "why", "closedAt")
+        until, why, at = (v.decode() if v is not None else "" for v in raw)
+        return {"closedUntil": float(until or 0), "why": why, "closedAt": float(at or 0)}
+
+    def ledger(self, day: str) -> dict[str, dict[str, float]]:
+        return next(iter(self.adm.values())).ledger(day)
 
 
-def make(name: str, client: Any = None, mesh_prefix: str = "sim") -> Policy:
+def day_reserves() -> dict[str, float]:
+    """Each provider-day lane's budget reserve, as the rules read it from the policy."""
+    from ..policy import validate
+
+    pol = validate({"lanes": DAY_LANES, "providers": {"sim": {}}, "pools": {"main@sim": {}}})
+    return {lane["name"]: lane["reserve"] for lane in pol["lanes"]}
+
+
+NAMES = ("step", "seed-and-grow", "seed-and-grow-private", "oracle", "with-rules", "without-rules")
+#: The policies that run the shipped Lua (they need a server).
+REDIS_BACKED = ("seed-and-grow", "seed-and-grow-private", "with-rules", "without-rules")
+
+
+def make(name: str, client: Any = None, mesh_prefix: str = "sim", limit_usd: float | None = None) -> Policy:
     if name == "step":
         return Step()
     if name == "oracle":
@@ -329,4 +398,9 @@ def make(name: str, client: Any = None, mesh_prefix: str = "sim") -> Policy:
         if client is None:
             raise ValueError(f"{name} needs a Redis client")
         return SeedAndGrow(client, private=name.endswith("private"), mesh_prefix=mesh_prefix)
+    if name in ("with-rules", "without-rules"):
+        if client is None:
+            raise ValueError(f"{name} needs a Redis client")
+        return Day(client, rules=name == "with-rules", limit_usd=limit_usd or KEY_DAILY_LIMIT_USD,
+                   mesh_prefix=mesh_prefix)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(NAMES)}")

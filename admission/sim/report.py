@@ -12,6 +12,15 @@ from . import scenarios
 SCALARS = ("rate_limited", "cut", "stalled", "red_main_start_minutes", "red_main_behind", "tokens_per_s",
            "sim_minutes")
 PER_KEY = ("drain_minutes", "start_minutes", "peak_in_flight", "minutes_above_k", "peak_over_estimate")
+#: provider-day (day.DaySim.figures)
+DAY_SCALARS = ("limit_usd", "spend_total_usd", "overshoot_usd", "left_usd", "ledger_usd", "limit_reached_hour",
+               "in_flight_at_limit", "in_flight_usd_at_limit", "provider_403", "fast_403", "fast_403_probes",
+               "cut_by_403", "cut_by_403_usd",
+               "storm_rounds", "storm_hours", "storm_from_hour", "closures", "closed_hour", "probes",
+               "probes_clean", "resumed_minutes")
+DAY_PER_KEY = ("spend_usd", "stopped_hour", "done", "refusals")
+#: words, counted over the runs: {value: runs}, per lane for the dict-valued ones
+DAY_WORDS = ("closed_by", "stopped_by")
 
 
 def _stats(values: list[float | None]) -> dict[str, Any]:
@@ -21,15 +30,33 @@ def _stats(values: list[float | None]) -> dict[str, Any]:
     return {"mean": sum(got) / len(got), "min": min(got), "max": max(got), "n": len(got)}
 
 
+def _count(values: Iterable[Any]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[str(v)] = out.get(str(v), 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """mean / min / max of every figure over the runs (None where no run has it), with ``n``
     (how many runs have it: a lane that did not drain within the horizon has no drain time)."""
     out: dict[str, Any] = {"mean": {}, "min": {}, "max": {}, "n": {}}
-    for name in SCALARS:
+    for name in SCALARS + DAY_SCALARS:
+        if name not in runs[0]:
+            continue
         s = _stats([r[name] for r in runs])
         for k in ("mean", "min", "max", "n"):
             out[k][name] = s[k]
-    for name in PER_KEY:
+    for name in DAY_WORDS:
+        if name not in runs[0]:
+            continue
+        if isinstance(runs[0][name], dict):
+            out[name] = {key: _count(r[name].get(key) for r in runs) for key in runs[0][name]}
+        else:
+            out[name] = _count(r[name] for r in runs)
+    for name in PER_KEY + DAY_PER_KEY:
+        if name not in runs[0]:
+            continue
         keys = list(dict.fromkeys(k for r in runs for k in r[name]))
         for k in ("mean", "min", "max", "n"):
             out[k][name] = {}
@@ -59,6 +86,10 @@ def collect(results: Iterable[tuple[Any, dict[str, Any], Any]], *, config: dict[
             "policies": {p: {**summarize(by[name][p]), "per_run": by[name][p]}
                          for p in sc.policies if p in by[name]},
         }
+        if sc.day:
+            from .policies import day_reserves
+
+            doc["scenarios"][name]["reserve"] = day_reserves()
     return doc
 
 
@@ -96,6 +127,9 @@ def table(doc: dict[str, Any]) -> str:
              f"drain in minutes from the start of the load ('>{horizon:.0f}': not drained within "
              f"{cfg['hours']:g} h)", ""]
     for name, sc in doc["scenarios"].items():
+        if name == "provider-day":
+            lines += day_table(sc)
+            continue
         pols = sc["policies"]
         first = next(iter(pols.values()))
         groups = list(first["mean"]["drain_minutes"])
@@ -131,6 +165,79 @@ def table(doc: dict[str, Any]) -> str:
             lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
         lines.append("")
     return "\n".join(lines)
+
+
+def _clock(h: float) -> str:
+    m = int(round(h * 60))
+    return f"{m // 60 % 24:02d}:{m % 60:02d}"
+
+
+def _hour_cell(s: dict[str, Any], name: str, key: str | None = None) -> str:
+    mean, lo, hi, n = (s[k][name] if key is None else s[k][name].get(key) for k in ("mean", "min", "max", "n"))
+    runs = s["runs"]
+    if n == 0:
+        return "never"
+    text = f"{_clock(mean)} [{_clock(lo)}–{_clock(hi)}]" if runs > 1 else _clock(mean)
+    if n < runs:
+        text += f" ({n}/{runs})"
+    return text
+
+
+_WHY = {"budget-reserve": "reserve", "budget-spent": "spent", "provider-closed": "closed", "403": "403",
+        "key_daily_limit": "403", "budget_reached": "budget"}
+
+
+def _words(counts: dict[str, int], runs: int) -> str:
+    """The reasons over the runs: 'reserve', or 'spent 6, 403 4'."""
+    named = {_WHY.get(k, k): v for k, v in counts.items() if k != "None"}
+    if not named:
+        return ""
+    if len(named) == 1 and next(iter(named.values())) == runs:
+        return next(iter(named))
+    return ", ".join(f"{k} {v}" for k, v in named.items())
+
+
+def day_table(sc: dict[str, Any]) -> list[str]:
+    """provider-day: the key and the storm per policy, then each lane (stop, spend, work done)."""
+    pols = sc["policies"]
+    first = next(iter(pols.values()))
+    limit = first["mean"]["limit_usd"]
+    rows = []
+    for pol, s in pols.items():
+        closed = _hour_cell(s, "closed_hour")
+        why = _words(s.get("closed_by", {}), s["runs"])
+        rows.append([pol, _hour_cell(s, "limit_reached_hour"), _cell(s, "provider_403"), _cell(s, "fast_403"),
+                     _cell(s, "fast_403_probes"), _cell(s, "cut_by_403"), _cell(s, "storm_rounds"),
+                     _cell(s, "storm_hours", digits=1),
+                     _cell(s, "closures") + (f" ({why})" if why else ""), closed if closed != "never" else "—",
+                     _cell(s, "probes"), _cell(s, "spend_total_usd", digits=2), _cell(s, "overshoot_usd", digits=2),
+                     _cell(s, "in_flight_usd_at_limit", digits=2), _cell(s, "in_flight_at_limit")])
+    header = ["policy", "limit reached (UTC)", "403s", "ended <1 s on a 403", "of which probes",
+              "cut running by a 403", "storm rounds",
+              "storm hours", "closures", "closed at", "probes", "spend at 00:00 $", "overshoot $",
+              "in flight at the limit $", "rounds in flight at the limit"]
+    out = _block(f"provider-day — {sc['about']}; the key's day, per policy", header, rows)
+    lanes = list(first["mean"]["spend_usd"])
+    rows = []
+    for pol, s in pols.items():
+        for lane in lanes:
+            why = _words(s["stopped_by"].get(lane, {}), s["runs"])
+            reserve = sc.get("reserve", {}).get(lane)
+            rows.append([pol, lane, "—" if reserve is None else f"{reserve:.0%}",
+                         _hour_cell(s, "stopped_hour", lane) + (f" {why}" if why else ""),
+                         _cell(s, "spend_usd", lane, 2), _cell(s, "done", lane)])
+    header = ["policy", "lane", "reserve", "stopped (UTC), by", "spend $", "done by 00:00"]
+    out += _block(f"provider-day — each lane (limit {limit:g} USD; stopped: the first refusal for the day or "
+                  f"403, before 00:00)", header, rows)
+    return out
+
+
+def _block(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    lines = [title, "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return lines + [""]
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -173,6 +280,9 @@ def plots(traces: dict[str, dict[str, Any]], doc: dict[str, Any], directory: str
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for name, by_policy in traces.items():
+        if name == "provider-day":
+            written.append(day_plot(by_policy, doc, directory, plt))
+            continue
         sc = doc["scenarios"][name]
         pols = [p for p in sc["policies"] if p in by_policy]
         fig, axes = plt.subplots(len(pols), 1, figsize=(11, 2.6 * len(pols)), sharex=True, squeeze=False)
@@ -203,3 +313,86 @@ def plots(traces: dict[str, dict[str, Any]], doc: dict[str, Any], directory: str
         plt.close(fig)
         written.append(path)
     return written
+
+
+LANE_COLORS = {"express": "C3", "babysitter": "C4", "reviews": "C0", "bugfix": "C1", "triage": "C2"}
+
+
+def day_plot(by_policy: dict[str, Any], doc: dict[str, Any], directory: Path, plt: Any) -> Path:
+    """provider-day (run 0 of each policy): the provider's count of the day's spend, stacked per
+    lane, against the key's limit, with the lanes' stops and the closure marked; below it the
+    403s per ten minutes (the lanes' rounds and the probes)."""
+    from .day import START_HOUR, hour
+
+    sc = doc["scenarios"]["provider-day"]
+    pols = [p for p in sc["policies"] if p in by_policy]
+    fig, axes = plt.subplots(2 * len(pols), 1, figsize=(12.5, 4.2 * len(pols)), sharex=True, squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 1] * len(pols)})
+    end = START_HOUR + 16.5
+    for i, pol in enumerate(pols):
+        tr = by_policy[pol]
+        ax, ax403 = axes[2 * i, 0], axes[2 * i + 1, 0]
+        midnight = hour(tr["midnight"])
+        lanes = list(LANE_COLORS)
+        cum = {lane: 0.0 for lane in lanes}
+        t, ys = [START_HOUR], {lane: [0.0] for lane in lanes}
+        for when, lane, usd in tr["bills"]:
+            h = hour(when)
+            if h >= midnight:  # the key's count starts again: the day's curve ends at midnight
+                break
+            cum[lane] = cum.get(lane, 0.0) + usd
+            t.append(h)
+            for l in lanes:
+                ys[l].append(cum.get(l, 0.0))
+        t.append(midnight)
+        for l in lanes:
+            ys[l].append(ys[l][-1])
+        ax.stackplot(t, [ys[l] for l in lanes], labels=lanes, colors=[LANE_COLORS[l] for l in lanes], alpha=0.75,
+                     step="post")
+        limit = tr["limit"]
+        ax.axhline(limit, color="k", lw=1.0, ls="--", label=f"key's daily limit {limit:g} $")
+        ax.axvline(midnight, color="0.4", lw=0.8, ls=":")
+        if tr["reached"] is not None:
+            ax.axvline(hour(tr["reached"]), color="k", lw=0.8, label="the key's count reaches the limit")
+        for j, (when, why) in enumerate(tr["closures"]):
+            ax.axvline(hour(when), color="red", lw=1.2, ls="-.", label=f"provider closed ({why})" if j == 0 else None)
+        # the lanes' stops: one marker each; lanes that stopped within ten minutes share a label
+        stops = sorted((hour(when), lane, _WHY.get(why, why)) for lane, (when, why) in tr["stops"].items())
+        groups: list[list[tuple[float, str, str]]] = []
+        for st in stops:
+            if groups and st[0] - groups[-1][0][0] < 1 / 6:
+                groups[-1].append(st)
+            else:
+                groups.append([st])
+        for j, g in enumerate(groups):
+            for h, lane, _ in g:
+                ax.plot([h], [limit * 1.03], marker="v", color=LANE_COLORS.get(lane, "k"), ms=7)
+            whys = sorted({w for _, _, w in g})
+            text = ("every lane" if len(g) == len(LANE_COLORS) else ", ".join(l for _, l, _ in g)) + \
+                f" ({'/'.join(whys)}) {_clock(g[0][0])}"
+            ax.annotate(text, (g[0][0], limit * (1.08 + 0.075 * (j % 4))), fontsize=7, ha="right" if g[0][0] > 20 else "left",
+                        va="bottom", color=LANE_COLORS.get(g[0][1], "k") if len(g) == 1 else "k")
+        ax.set_ylim(0, limit * 1.42)
+        ax.set_ylabel("USD spent (provider's count)")
+        ax.set_title(f"provider-day — {pol} (run 0): the day's spend per lane; ▼ the lane stops", fontsize=9,
+                     loc="left")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0))
+        # 403s per 10 minutes
+        bins = [START_HOUR + k / 6 for k in range(int((end - START_HOUR) * 6) + 1)]
+        work = [hour(w) for w, fast, probe in tr["r403"] if not probe]
+        probes = [hour(w) for w, fast, probe in tr["r403"] if probe]
+        ax403.hist([work, probes], bins=bins, stacked=True, color=["C3", "0.55"],
+                   label=["403s of the lanes' rounds", "403s of probes"])
+        ax403.axvline(midnight, color="0.4", lw=0.8, ls=":")
+        ax403.set_ylabel("403s / 10 min")
+        ax403.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0))
+    axes[-1, 0].set_xlim(START_HOUR, end)
+    ticks = list(range(int(START_HOUR), int(end) + 1, 2)) + [end]
+    axes[-1, 0].set_xticks(ticks)
+    axes[-1, 0].set_xticklabels([_clock(h) for h in ticks])
+    axes[-1, 0].set_xlabel("UTC (the key resets at 00:00)")
+    fig.tight_layout()
+    path = directory / "provider-day.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -14,7 +14,9 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from . import scenarios
+from . import load as L
 from .engine import Sim
+from .policies import REDIS_BACKED
 from .policies import make as make_policy
 
 ENGINES = ("redis", "valkey", "fakeredis")
@@ -80,11 +82,17 @@ def simulate(sc: scenarios.Scenario, policy: str, rng: np.random.Generator, *, h
     """One run of one policy on one scenario (the load is drawn first from ``rng``)."""
     items = sc.build(rng)
     client = None
-    if policy.startswith("seed-and-grow"):
+    if policy in REDIS_BACKED:
         client = (backend or _backend()).client()
-    pol = make_policy(policy, client, mesh_prefix=f"sim-{uuid.uuid4().hex[:8]}")
-    return Sim(pools=sc.pools, pods=sc.pods, items=items, policy=pol, rng=rng,
-               window_start=sc.window_start, hours=hours, record=record).run()
+    pol = make_policy(policy, client, mesh_prefix=f"sim-{uuid.uuid4().hex[:8]}", limit_usd=sc.limit_usd)
+    kw = dict(pools=sc.pools, pods=sc.pods, items=items, policy=pol, rng=rng, window_start=sc.window_start,
+              hours=sc.hours or hours, record=record)
+    if sc.day:
+        from .day import DaySim
+
+        return DaySim(limit_usd=sc.limit_usd, price_per_1k=L.PRICE_PER_1K_TOKENS,
+                      turn_tokens=L.TURN_TOKENS, **kw).run()
+    return Sim(**kw).run()
 
 
 def run_job(job: Job, backend: Backend | None = None) -> tuple[Job, dict[str, Any], Any]:
@@ -143,8 +151,8 @@ def run_jobs(jobs: Iterable[Job], *, engine: str = "redis", workers: int = 1,
             _close_backend()
     else:
         # the slowest jobs first, so the two workers finish together
-        order = sorted(jobs, key=lambda j: (j.policy.startswith("seed-and-grow"), j.scenario == "multipod"),
-                       reverse=True)
+        order = sorted(jobs, key=lambda j: (j.policy in REDIS_BACKED, j.scenario == "provider-day",
+                                            j.scenario == "multipod"), reverse=True)
         with ProcessPoolExecutor(max_workers=workers, initializer=_init, initargs=(engine,)) as pool:
             futures = {pool.submit(run_job, job): job for job in order}
             for fut in as_completed(futures):

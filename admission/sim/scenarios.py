@@ -1,5 +1,7 @@
-"""The four scenarios: which pools (with their carrying capacity K), how many pods, which load on
-which pool and pod, where the measured window starts, and which policies are compared."""
+"""The scenarios: which pools (with their carrying capacity K), how many pods, which load on
+which pool and pod, where the measured window starts, and which policies are compared. The first
+four are the seed's Monte Carlo comparison; ``provider-day`` is the seed's incident of the day a
+provider key hit its daily limit (``day.DaySim``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,8 +12,9 @@ import numpy as np
 from . import load as L
 from .load import Item
 
-NAMES = ("burst", "idle", "isolation", "multipod")
+NAMES = ("burst", "idle", "isolation", "multipod", "provider-day")
 SINGLE = ("step", "seed-and-grow", "oracle")
+DAY_POLICIES = ("with-rules", "without-rules")
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,9 @@ class Scenario:
     build: Callable[[np.random.Generator], list[Item]]
     window_start: float = 0.0
     about: str = ""
+    hours: float | None = None  # its own horizon (None: the CLI's --hours)
+    day: bool = False           # runs on day.DaySim (the provider's key and its day)
+    limit_usd: float | None = None  # day: the key's daily limit (and the rules' daily_limit_usd)
 
 
 def burst(k: float) -> Scenario:
@@ -70,8 +76,17 @@ def multipod(k: float) -> Scenario:
                     build, about=f"the measured load spread over {L.PODS} pods on one pool")
 
 
+def provider_day(k: float) -> Scenario:
+    pool = "main@sim"
+    return Scenario("provider-day", {pool: k}, 1, DAY_POLICIES, lambda rng: L.working_day(rng, pool),
+                    hours=L.DAY_HOURS, day=True, limit_usd=L.KEY_DAILY_LIMIT_USD,
+                    about=f"a working day (08:00-00:30 UTC) on one key with a daily limit of "
+                          f"{L.KEY_DAILY_LIMIT_USD:g} USD")
+
+
 def make(name: str, capacity: float) -> Scenario:
     try:
-        return {"burst": burst, "idle": idle, "isolation": isolation, "multipod": multipod}[name](capacity)
+        return {"burst": burst, "idle": idle, "isolation": isolation, "multipod": multipod,
+                "provider-day": provider_day}[name](capacity)
     except KeyError:
         raise ValueError(f"unknown scenario {name!r}; known: {', '.join(NAMES)}") from None

@@ -1,11 +1,11 @@
 -- The read model (DESIGN §9): one JSON document in the key `census`. Per pool: the estimate and
 -- its history, counts, means; per lane × pool: running, waiting, guaranteed, borrowed, bound
 -- (how many of the lane's rounds could run here now), oldestWaitingSince, spentTodayUsd,
--- delegated; mustYield (borrowers that will yield at their next boundary) and `starving`.
+-- delegated, reserveLeftUsd; mustYield (borrowers that will yield at their next boundary); the
+-- provider's day on every pool of it: closedUntil, closedWhy, budgetSpentUsd, budgetLimitUsd,
+-- budgetAt, committedUsd (absent: no budget today); and `starving`, closed providers first.
 -- Arrays that can be empty are encoded by cjson as {} on some engines: readers treat {} as [].
-local function census_pool(cfg, T, pool, now, day, starving)
-  local p = load_pool(T, pool)
-  local L = load_lanes(cfg, pool)
+local function census_pool(cfg, T, pool, now, day, starving, p, L, in_flight)
   local C = slots(p)
   local g = guaranteed(cfg, L, C, nil)
   local r = rivals(cfg, L, g, nil) -- once per pool: each lane's bound is then O(1)
@@ -15,6 +15,13 @@ local function census_pool(cfg, T, pool, now, day, starving)
   for _, l in ipairs(cfg.lanes) do asks[l.name] = (L.run[l.name] > 0 or L.wait[l.name] > 0) and 1 or 0 end
   local g_ask = guaranteed(cfg, {run = L.run, wait = asks, del = L.del}, C, nil)
   local provider = check_pool(pool)
+  local pv = load_provider(provider)
+  local bud = budget(cfg, provider, now, pv)
+  local closed = is_closed(pv, now)
+  if closed and p.waiting > 0 then
+    starving[#starving + 1] = {kind = 'provider-closed', provider = provider, pool = pool, why = pv.why,
+      closedUntil = pv.closedUntil, waiting = p.waiting}
+  end
   local spend_fields = {}
   for _, l in ipairs(cfg.lanes) do spend_fields[#spend_fields + 1] = l.name .. '|' .. provider end
   local spent = redis.call('HMGET', key('spend', day), unpack(spend_fields))
@@ -24,15 +31,21 @@ local function census_pool(cfg, T, pool, now, day, starving)
     local b = borrowed(L, g, l.name)
     if run > 0 or wait > 0 or spent[i] then
       local more
-      if run > 0 and wait == 0 then
-        more = in_a_row(cfg, T, p, r, l.name, run, g_ask[l.name], T.max_estimate)
+      local m = money(cfg, bud, l.name, (tonumber(spent[i]) or 0) + (in_flight[provider][l.name] or 0), p.meanCost)
+      if now < cfg.hold_until then
+        more = 0 -- the recovery hold
+      elseif closed then
+        more = (wait == 0 and probe_due(T, pv, p, now)) and 1 or 0 -- its probe
+      elseif run > 0 and wait == 0 then
+        more = in_a_row(cfg, T, p, r, l.name, run, g_ask[l.name], T.max_estimate, m)
       else
         -- 0 with waiters (oldest first); a lane listed for its spend only joins the lanes with
         -- work when it asks, which moves g: plan() builds its own context, O(lanes) per such lane
-        more = plan(cfg, T, p, L, l.name, T.max_estimate)
+        more = plan(cfg, T, p, L, l.name, T.max_estimate, m)
       end
       local row = {lane = l.name, running = run, waiting = wait, guaranteed = g[l.name], borrowed = b,
-        delegated = L.del[l.name], spentTodayUsd = (tonumber(spent[i]) or 0) / 1e6, bound = run + more}
+        delegated = L.del[l.name], spentTodayUsd = (tonumber(spent[i]) or 0) / 1e6, bound = run + more,
+        reserveLeftUsd = bud and math.max(0, bud.left - l.reserve * bud.limit) / 1e6 or nil}
       if wait > 0 then
         local oldest = redis.call('ZRANGE', key('wait', pool, l.name), 0, 0, 'WITHSCORES')
         row.oldestWaitingSince = tonumber(oldest[2])
@@ -49,13 +62,39 @@ local function census_pool(cfg, T, pool, now, day, starving)
     exhausted = p.exhausted == 1, exhaustedAt = p.exhaustedAt, why = p.why, slowStart = p.exhausted ~= 1,
     free = math.max(0, C - p.running), running = p.running, waiting = p.waiting, successes = p.succ,
     failures = p.fail, meanSeconds = p.meanSec, meanCostUsd = p.meanCost / 1e6, seq = p.seq,
-    lanes = lanes, owed = owed, mustYield = owed > 0 and borrowers or {}}
+    lanes = lanes, owed = owed, mustYield = owed > 0 and borrowers or {},
+    closedUntil = closed and pv.closedUntil or 0, closedWhy = closed and pv.why or '',
+    budgetSpentUsd = bud and bud.spent / 1e6 or nil, budgetLimitUsd = bud and bud.limit / 1e6 or nil,
+    budgetAt = bud and bud.at or nil, committedUsd = bud and bud.committed / 1e6 or nil}
 end
 
 local function build_census(cfg, now)
   local day = utc_day(now)
-  local pools, starving = {}, {}
-  for _, pool in ipairs(catalog()) do pools[#pools + 1] = census_pool(cfg, cfg.T, pool, now, day, starving) end
+  local pools, starving, loaded = {}, {}, {}
+  -- each lane's rounds in flight per provider at their pools' mean costs (the cost guard's
+  -- committed part): one pass over the pools, O(pools × lanes)
+  local in_flight = {}
+  for i, pool in ipairs(catalog()) do
+    local p, L = load_pool(cfg.T, pool), load_lanes(cfg, pool)
+    loaded[i] = {pool = pool, p = p, L = L}
+    local provider = check_pool(pool)
+    in_flight[provider] = in_flight[provider] or {}
+    for _, l in ipairs(cfg.lanes) do
+      if L.run[l.name] > 0 then
+        in_flight[provider][l.name] = (in_flight[provider][l.name] or 0) + L.run[l.name] * p.meanCost
+      end
+    end
+  end
+  for _, x in ipairs(loaded) do
+    pools[#pools + 1] = census_pool(cfg, cfg.T, x.pool, now, day, starving, x.p, x.L, in_flight)
+  end
+  -- closed providers first, then the rest in pool order
+  local first, rest = {}, {}
+  for _, s in ipairs(starving) do
+    if s.kind == 'provider-closed' then first[#first + 1] = s else rest[#rest + 1] = s end
+  end
+  for _, s in ipairs(rest) do first[#first + 1] = s end
+  starving = first
   local doc = cjson.encode({mesh = string.match(PREFIX, '{(.*)}'), at = now, configVersion = cfg.version,
     pools = pools, starving = starving})
   redis.call('SET', key('census'), doc)

@@ -9,7 +9,9 @@ local STATUS = {
   EXPIRED = 4,          -- release: the seat's lease had expired; outcome counted, counts already healed
   REPORTED = 5,         -- report: the signal was applied (or held once-per-burst)
   ALREADY_REPORTED = 6, -- report: this seat already reported a load signal; nothing changed
-  OK = 7,               -- heartbeat, tick, apply-config, plan, census
+  OK = 7,               -- heartbeat, tick, apply-config, plan, census, budget, provider, rollover
+  CHARGED = 8,          -- charge: the cost was booked to the ledger
+  ALREADY_CHARGED = 9,  -- charge: this charge key was booked before; nothing changed
 }
 -- Error prefixes: every error reply starts with one of these words, then a readable message.
 local ERR = {
@@ -22,4 +24,5 @@ local ERR = {
   NO_CONFIG = 'ADM_NO_CONFIG',       -- no policy applied to this mesh yet
   BAD_POLICY = 'ADM_BAD_POLICY',     -- apply-config got a malformed policy
   STALE_VERSION = 'ADM_STALE_VERSION', -- apply-config lost a compare-and-set on the version
+  UNKNOWN_PROVIDER = 'ADM_UNKNOWN_PROVIDER', -- provider not declared in the policy
 }

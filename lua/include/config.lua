@@ -8,6 +8,7 @@
 --   token     a unique id of this apply (a new policy, even after a wipe, has a new token)
 --   clock     server | caller: whose `now` the scripts take (util.lua clock)
 --   holdUntil the recovery hold after a policy was applied to a mesh without one (0 = none)
+--   providers JSON object: provider -> {limit (daily, micro-USD; absent = none), pools}
 --
 -- The library keeps the decoded policy per mesh across calls: a call reads the token (and the
 -- pool's provider) and decodes the policy again only when the token changed. State decides:
@@ -19,9 +20,9 @@ local function load_config(pool)
   if not v[1] then fail(ERR.NO_CONFIG, 'no policy applied to this mesh; run `admission config apply FILE`') end
   local c = CONFIG_CACHE[KEYS[1]]
   if not c or c.token ~= v[1] then
-    local raw = redis.call('HMGET', KEYS[1], 'version', 'lanes', 'tunables', 'holdUntil')
+    local raw = redis.call('HMGET', KEYS[1], 'version', 'lanes', 'tunables', 'holdUntil', 'providers')
     c = {token = v[1], version = tonumber(raw[1]), lanes = cjson.decode(raw[2]), T = cjson.decode(raw[3]),
-      lane = {}, max_weight = 0, hold_until = tonumber(raw[4]) or 0}
+      lane = {}, max_weight = 0, hold_until = tonumber(raw[4]) or 0, providers = cjson.decode(raw[5] or '{}')}
     for _, l in ipairs(c.lanes) do
       c.lane[l.name] = l
       if l.weight > c.max_weight then c.max_weight = l.weight end
@@ -29,7 +30,7 @@ local function load_config(pool)
     CONFIG_CACHE[KEYS[1]] = c
   end
   return {version = c.version, lanes = c.lanes, T = c.T, lane = c.lane, max_weight = c.max_weight,
-    hold_until = c.hold_until, provider = pool and v[2] or nil}
+    hold_until = c.hold_until, providers = c.providers, provider = pool and v[2] or nil}
 end
 
 local function check_lane(cfg, lane)

@@ -1,9 +1,10 @@
 -- Deciding one round on one pool (DESIGN §5, checks 4–8), a pure function of the pool state `p`,
--- the lane counts `L` and the draw `u`. Returns admitted, reason, p_phi. With u == nil (plan) a
--- marginal admission is counted when p(φ) >= 0.5. The checks before it (delegation, closure,
--- budget reserve, oldest first) run in admit.lua; the cost guard's seam is marked below.
+-- the lane counts `L`, the draw `u` and whether the lane reached its cost guard. Returns
+-- admitted, reason, p_phi. With u == nil (plan) a marginal admission is counted when p(φ) >= 0.5.
+-- The checks before it (delegation, closure, the budget and its reserve, oldest first) run in
+-- admit.lua; plan and the census count them with the money context `m` (provider.lua money()).
 -- plan() and the census count the newcomers decide would admit in a row without running it once
--- per newcomer (in_a_row): O(lanes) per pool and lane, whatever the estimate.
+-- per newcomer (in_a_row): O(lanes) per pool, then O(1) per lane, whatever the estimate.
 
 -- p(φ): 1 while φ >= high_free, smoothstep of φ/high_free below, 0 at φ <= 0.
 local function p_phi(T, phi)
@@ -74,7 +75,7 @@ end
 
 -- Checks 4–8 for a round of `lane` with `run` of the lane's rounds running and `g_me`
 -- guaranteed to it, on pool `p` (running, est, exhausted), against the other lanes `r` (rivals).
-local function decide_at(cfg, T, p, r, lane, run, g_me, u)
+local function decide_at(cfg, T, p, r, lane, run, g_me, u, guarded)
   local C = slots(p)
   local free = C - p.running
   local me = cfg.lane[lane]
@@ -87,7 +88,9 @@ local function decide_at(cfg, T, p, r, lane, run, g_me, u)
   -- 5. Reserved: free slots owed to other lanes below their floors with work waiting.
   local owed = r.owed
   if owed > 0 and free <= owed then return false, 'reserved', 0 end
-  -- 6. Cost guard: seam for the provider-budget issue (needs the spend ledger and a budget reading).
+  -- 6. Cost guard: a lane whose spend today on the provider reached its floor share of the
+  -- provider's budget borrows nothing more here (it keeps its floor).
+  if guarded then return false, 'cost-guard', 0 end
   -- 7. Fair share: the borrowed part goes to the waiting lane with the least borrowed per weight.
   local mine = (run - g_me) / me.weight -- borrowed: run >= g_me here
   local t, least, h1, h2 = r.theirs, r.least, r.above1[me.priority], r.above2[me.priority]
@@ -104,9 +107,27 @@ local function decide_at(cfg, T, p, r, lane, run, g_me, u)
   return false, 'draw', prob
 end
 
-local function decide(cfg, T, p, L, lane, u)
+local function decide(cfg, T, p, L, lane, u, guarded)
   local g = guaranteed(cfg, L, slots(p), lane)
-  return decide_at(cfg, T, p, rivals(cfg, L, g, lane, cfg.lane[lane].priority), lane, L.run[lane], g[lane], u)
+  return decide_at(cfg, T, p, rivals(cfg, L, g, lane, cfg.lane[lane].priority), lane, L.run[lane], g[lane], u,
+    guarded)
+end
+
+-- The money checks along a run of newcomers: newcomer k (0-based) has k more rounds in flight on
+-- this pool, each committed at the pool's mean round cost `m.mc`.
+local function budget_ok(m, k) -- check 2: something left, and more than the lane's reserve
+  if not m then return true end
+  local left = m.left - k * m.mc
+  return left > 0 and left >= m.reserve_line
+end
+local function guarded_at(m, k) -- check 6
+  return m ~= nil and m.guard_line ~= nil and m.lane_spend + k * m.mc >= m.guard_line
+end
+-- The first k at which an increasing `value + k * step` reaches `line` (nil: never).
+local function first_reach(value, step, line)
+  if value >= line then return 0 end
+  if step <= 0 then return nil end
+  return math.max(0, math.floor((line - value) / step))
 end
 
 -- The running count up to which p(φ)^exponent >= 0.5: φ/high_free >= s with smoothstep(s) =
@@ -123,11 +144,11 @@ end
 -- every later newcomer, so the count is the first refusal: the least of the checks' first
 -- refusals, each found by inverting its test, then settled by decide_at itself at the boundary
 -- (the inversions can be one off where floats round). O(1).
-local function in_a_row(cfg, T, p, r, lane, run, g_me, wanted)
+local function in_a_row(cfg, T, p, r, lane, run, g_me, wanted, m)
   local R0, C, me = p.running, slots(p), cfg.lane[lane]
   local function admits(k)
-    return (decide_at(cfg, T, {running = R0 + k, est = p.est, exhausted = p.exhausted}, r, lane,
-      run + k, g_me, nil))
+    return budget_ok(m, k) and (decide_at(cfg, T, {running = R0 + k, est = p.est, exhausted = p.exhausted}, r,
+      lane, run + k, g_me, nil, guarded_at(m, k)))
   end
   local k0 = math.max(0, g_me - run) -- newcomers within the floor
   local n
@@ -141,7 +162,15 @@ local function in_a_row(cfg, T, p, r, lane, run, g_me, wanted)
     local hi = r.above1[me.priority]
     if hi then n = math.min(n, k0 + math.ceil(r.theirs[hi.name] * me.weight) - b0) end -- a tie with a higher lane
     n = math.min(n, math.floor(borrow_limit(T, p, weight_exponent(cfg, me)) - R0) + 1) -- p(φ) < 0.5
+    local kg = m and m.guard_line and first_reach(m.lane_spend, m.mc, m.guard_line)
+    if kg then n = math.min(n, kg) end -- the cost guard stops the borrowers
     n = math.max(n, k0)
+  end
+  if m then -- the budget stops every newcomer, within its floor too
+    local kb
+    if m.mc > 0 then kb = first_reach(-m.left, m.mc, -math.max(m.reserve_line, 0))
+    elseif not budget_ok(m, 0) then kb = 0 end
+    if kb then n = math.min(n, kb) end
   end
   for _ = 1, 2 do
     if n > 0 and not admits(n - 1) then n = n - 1 elseif admits(n) then n = n + 1 else break end
@@ -151,8 +180,9 @@ end
 
 -- How many of `wanted` newcomers of `lane` would start now (nothing seated). Newcomers wait
 -- behind the lane's own waiters (oldest first).
-local function plan(cfg, T, p, L, lane, wanted)
+local function plan(cfg, T, p, L, lane, wanted, m)
   if L.wait[lane] > 0 then return 0 end
   local g = guaranteed(cfg, L, slots(p), lane)
-  return in_a_row(cfg, T, p, rivals(cfg, L, g, lane, cfg.lane[lane].priority), lane, L.run[lane], g[lane], wanted)
+  return in_a_row(cfg, T, p, rivals(cfg, L, g, lane, cfg.lane[lane].priority), lane, L.run[lane], g[lane], wanted,
+    m)
 end

@@ -1,7 +1,18 @@
--- What a round reports, applied to its pool (DESIGN §4 "Signals", §6 load signals).
+-- What a round reports, applied to its pool and its provider (docs/design.md §4 "Signals", §6),
+-- and the spend ledger.
 local LOAD = {rate_limited = true, stall = true, round_cap = true}
-local OUTCOMES = {clean = true, rate_limited = true, stall = true, round_cap = true, error = true}
+-- closing signals: every pool of the provider closes (provider.lua says for how long)
+local CLOSING = {key_daily_limit = true, budget_reached = true, credit = true, key_rejected = true}
+local OUTCOMES = {clean = true, rate_limited = true, stall = true, round_cap = true, error = true,
+  key_daily_limit = true, budget_reached = true, credit = true, key_rejected = true}
+local SIGNALS = {rate_limited = true, stall = true, round_cap = true,
+  key_daily_limit = true, budget_reached = true, credit = true, key_rejected = true}
 local SIGNAL_FIELDS = {'succ', 'fail', 'meanSec', 'meanCost', 'priced', 'clean'}
+
+-- The spend ledger: `spend:<day>` hash, `<lane>|<provider>` -> micro-USD, and `*|<provider>` the
+-- provider's total (the budget reads it in O(1)). Every booking has an idempotency key,
+-- `charged:<seat>:<key>` (a release books under the key `release`), kept as long as the ledger,
+-- so a charge replayed from a pod's outbox counts once, also after its seat is long gone.
 local SPEND_DAYS = 8 -- spend ledgers of older days expire
 -- Money bounds, checked before a script's first write: one charge at most 1e6 USD, a ledger
 -- entry at most 2^53 micro-USD (exact in a Lua number and a Redis integer).
@@ -14,17 +25,42 @@ local function provider_of(pool)
   return redis.call('HGET', KEYS[1], 'pool:' .. pool) or string.match(pool, '@([^@]*)$') or ''
 end
 
--- A cost argument in whole micro-USD ('' = not priced), and the ledger field it will be added
--- to, checked so that the HINCRBY after the first write cannot fail. Returns cost or nil.
-local function check_cost(s, lane, pool, now)
+-- When a cost was incurred ('' = now): it decides the UTC day it is booked to. A replayed
+-- record keeps its day; one older than the ledger's days or from the future is refused.
+local function check_at(s, now)
+  if s == nil or s == '' then return now end
+  local at = check_num('at', s, nil, 0)
+  if at > now + READING_SKEW then fail(ERR.BAD_ARG, 'at ' .. s .. ' is in the future') end
+  if at < now - (SPEND_DAYS - 1) * 86400 then fail(ERR.BAD_ARG, 'at ' .. s .. ' is older than the ledger keeps') end
+  return at
+end
+
+-- A cost argument in whole micro-USD ('' = not priced), checked with the ledger entries it will
+-- be added to, so that no write after the first can fail. Returns cost or nil.
+local function check_cost(s, lane, pool, at)
   if s == nil or s == '' then return nil end
   local cost = check_num('cost', s, nil, 0)
   if cost ~= math.floor(cost) or cost > MAX_COST_MICRO then
     fail(ERR.BAD_ARG, 'cost must be whole micro-USD in [0, ' .. string.format('%.0f', MAX_COST_MICRO) .. '], got ' .. s)
   end
-  local spent = tonumber(redis.call('HGET', key('spend', utc_day(now)), lane .. '|' .. provider_of(pool))) or 0
-  if cost > MAX_LEDGER_MICRO - spent then fail(ERR.BAD_ARG, 'the ledger entry would pass 2^53 micro-USD') end
+  local provider = provider_of(pool)
+  local v = redis.call('HMGET', key('spend', utc_day(at)), lane .. '|' .. provider, '*|' .. provider)
+  for i = 1, 2 do
+    if cost > MAX_LEDGER_MICRO - (tonumber(v[i]) or 0) then fail(ERR.BAD_ARG, 'the ledger entry would pass 2^53 micro-USD') end
+  end
   return cost
+end
+
+-- Book a cost once per (seat, key); false when that key was booked before.
+local function book(seat_id, charge_key, lane, pool, at, cost)
+  local k = key('charged', seat_id, charge_key)
+  if redis.call('SET', k, fmt(cost), 'NX', 'EX', SPEND_DAYS * 86400) == false then return false end
+  local provider = provider_of(pool)
+  local day = key('spend', utc_day(at))
+  redis.call('HINCRBY', day, lane .. '|' .. provider, string.format('%.0f', cost))
+  redis.call('HINCRBY', day, '*|' .. provider, string.format('%.0f', cost))
+  redis.call('EXPIRE', day, SPEND_DAYS * 86400)
+  return true
 end
 
 -- A load signal from the seat with admission sequence `seq`; true when the estimate decreased.
@@ -37,24 +73,33 @@ local function load_signal(T, p, now, why, seq)
   return decreased
 end
 
+-- A signal (load or closing) seen by a round of pool p, mid-round or at its end. A closing
+-- signal closes the provider for every pod at once (a probe refused again re-closes it).
+local function signal(cfg, p, now, what, seq)
+  if LOAD[what] then return load_signal(cfg.T, p, now, what, seq) end
+  if CLOSING[what] then close_provider(cfg, provider_of(p.name), now, what) end
+  return false
+end
+
 -- The end of a round: its outcome, duration and price. A load signal the round's watchdog
 -- already reported mid-round is not applied twice: that report moved holdSeq to or past the
--- seat's seq, so once-per-burst holds it. Spend is kept per lane per provider per UTC day.
+-- seat's seq, so once-per-burst holds it. A probe that ends clean reopens its provider.
 -- Returns true when the estimate decreased.
-local function apply_outcome(cfg, p, lane, now, outcome, seconds, cost_micro, seq)
-  local decreased = false
-  if LOAD[outcome] then decreased = load_signal(cfg.T, p, now, outcome, seq) end
+local function apply_outcome(cfg, p, s, id, now, outcome, seconds, cost_micro, at)
+  local decreased = signal(cfg, p, now, outcome, tonumber(s.seq))
   if outcome == 'clean' then
     p.meanSec = ewma(p.meanSec, p.succ, seconds)
     p.clean = p.clean + 1
+    if s.probe == '1' then
+      local provider = provider_of(p.name)
+      if is_closed(load_provider(provider), now) then reopen_provider(cfg, provider, now, 'probe') end
+    end
   end
   count_outcome(p, outcome == 'clean')
   if cost_micro ~= nil then
     p.meanCost = ewma(p.meanCost, p.priced, cost_micro)
     p.priced = math.min(p.priced + 1, 1000000)
-    local day = key('spend', utc_day(now))
-    redis.call('HINCRBY', day, lane .. '|' .. provider_of(p.name), string.format('%.0f', cost_micro))
-    redis.call('EXPIRE', day, SPEND_DAYS * 86400)
+    book(id, 'release', s.lane, p.name, at, cost_micro)
   end
   save_pool(p, SIGNAL_FIELDS)
   return decreased

@@ -1,0 +1,294 @@
+"""provider-day: one working day on a provider key with a daily limit (the seed's incident of
+2026-10-04, "the provider's day").
+
+``DaySim`` is the engine of ``engine.Sim`` with the provider's key of ``model.ProviderKey``: every
+request of a round is checked against the key when it starts and billed when it ends; once the
+day's count has reached the key's limit every request is refused with the 403 within a second,
+until 00:00 UTC. It counts what the report needs: the 403s and the rounds that ended within a
+second on one (the storm), the rules' closures and probes, when each lane first stopped and why,
+the spend per lane on the provider's own count, and what was in flight when the count reached the
+limit.
+
+Simulated t = 0 is 08:00 UTC (``engine.EPOCH``); the window ends at 00:30 UTC
+(``load.DAY_HOURS``), half an hour after the key's reset. The day's figures are taken at
+midnight.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from typing import Any
+
+from . import load as L
+from . import model
+from .engine import EPOCH, Round, Sim, Trace
+from ..policy import TUNABLES as _DEFAULTS
+from .policies import PACED_LANE, TUNABLES
+
+DEFAULT_PROBE_EVERY = _DEFAULTS["probe_every"][0]  # 10 s
+
+# event kinds after the engine's seven (ties: after everything else at the same instant)
+TURN, KEY403, RETRY, MIDNIGHT, REASK = 7, 8, 9, 10, 11
+#: the refusals that say a lane stopped for the provider's day
+STOPS = ("budget-reserve", "budget-spent", "provider-closed")
+START_HOUR = (EPOCH % model.DAY) / 3600.0   # 8.0: t = 0 is 08:00 UTC
+MIDNIGHT_T = (EPOCH // model.DAY + 1) * model.DAY - EPOCH  # t of the next 00:00 UTC (57,600 s)
+FAST = 1.0  # s: "ended within a second on that 403"
+PROBE_EVERY = float(TUNABLES.get("probe_every", DEFAULT_PROBE_EVERY))
+REASK_LATENCY = 0.01  # s: the waiter's sleep ends a little after probe_every (a round trip)
+
+
+def hour(t: float | None) -> float | None:
+    """Simulated t -> hour of the UTC day of the start (8.0 = 08:00; 24.25 = 00:15 the next day)."""
+    return None if t is None else START_HOUR + t / 3600.0
+
+
+def utc_day(t: float) -> str:
+    return _dt.datetime.fromtimestamp(EPOCH + t, _dt.timezone.utc).strftime("%Y-%m-%d")
+
+
+class DaySim(Sim):
+    def __init__(self, *, limit_usd: float, price_per_1k: float, turn_tokens: float, **kw: Any):
+        super().__init__(**kw)
+        for pool in self.pools.values():
+            pool.turn = turn_tokens
+        self.key = model.ProviderKey(limit_usd, price_per_1k)
+        self.lanes = list(getattr(self.policy, "lanes", {}) or sorted({i.lane for i in self.items}))
+        self.midnight = MIDNIGHT_T
+        self.n403 = self.fast403 = self.fast403_probes = self.probes = self.probes_clean = 0
+        self.cut403, self.cut403_usd = 0, 0.0  # rounds the 403 cut while they ran, and what they cost
+        self.refusals: dict[str, int] = {}
+        self.stopped: dict[str, tuple[float, str]] = {}
+        self.closures: list[tuple[float, str]] = []
+        self.closed_until = 0.0              # epoch; what the rules hold (read after a closing event)
+        self._run, self._run_from = 0, 0.0   # the current stretch of fast 403s (probes set aside)
+        self.storm = (0, 0.0, 0.0)           # longest stretch: rounds, first end, last end
+        self.at_limit: tuple[int, float] | None = None  # rounds in flight, their remaining cost
+        self.resumed: float | None = None    # first round served after midnight
+        self._reasks: dict[tuple[str, str], float] = {}  # (pod, pool) -> when its waiters ask again
+        if self.trace is not None:
+            self.trace = Trace({"bills": [], "r403": [], "closures": [], "stops": {}, "limit": limit_usd,
+                                "reached": None, "midnight": MIDNIGHT_T, "in_flight": []})
+
+    # -- the provider's key ---------------------------------------------------------------------
+    def _bill(self, rnd: Round, tokens: float) -> None:
+        if tokens <= model._EPS:
+            return
+        first = self.key.reached_at is None
+        usd = self.key.bill(tokens, rnd.lane, self.epoch())
+        rnd.billed += tokens
+        rnd.cost_usd += usd
+        if self.trace is not None:
+            self.trace.points["bills"].append((self.now, rnd.lane, usd))
+        if first and self.key.reached_at is not None and self.now < self.midnight:
+            # the day's count reached the limit: what is still in flight may still be billed
+            price = self.key.price / 1000.0
+            self.at_limit = (len(self.rounds), sum((r.tokens - r.billed) * price for r in self.rounds.values()))
+            if self.trace is not None:
+                self.trace.points["reached"] = self.now
+
+    def _reach_provider(self, rnd: Round, pool: model.ProviderPool) -> None:
+        if not self.key.open(self.epoch()):  # the first request of the round is refused
+            rnd.state = "refused"
+            self._push(self.now + self.rng.uniform(0.0, model.KEY_REFUSAL_WITHIN), KEY403, rnd)
+            return
+        super()._reach_provider(rnd, pool)
+        if rnd.state == "served" and self.now >= self.midnight and self.resumed is None:
+            self.resumed = self.now
+
+    def _schedule_finish(self, pool: model.ProviderPool) -> None:
+        super()._schedule_finish(pool)
+        self._schedule_turn(pool)
+
+    def _schedule_turn(self, pool: model.ProviderPool) -> None:
+        pool.turn_seq += 1  # only the latest request-end event of a pool is valid
+        t = pool.next_turn_end()
+        if t is not None:
+            self._push(t, TURN, (pool.name, pool.turn_seq))
+
+    def _turn_ends(self, name: str, seq: int) -> None:
+        pool = self.pools[name]
+        if seq != pool.turn_seq:
+            return
+        changed = False
+        for rid in pool.pop_turn_ends(self.now):
+            rnd = self.rounds[rid]
+            self._bill(rnd, pool.turn)              # the request that ended is billed ...
+            if not self.key.open(self.epoch()):     # ... and the next one is refused
+                self._served_changed(pool)
+                pool.remove(rid, self.now)
+                del self.rounds[rid]
+                rnd.state = "refused"
+                self._push(self.now + self.rng.uniform(0.0, model.KEY_REFUSAL_WITHIN), KEY403, rnd)
+                changed = True
+        if changed:
+            self._schedule_finish(pool)
+        else:
+            self._schedule_turn(pool)
+
+    # -- rounds ---------------------------------------------------------------------------------
+    def _end(self, rnd: Round, outcome: str) -> None:
+        if outcome == "clean":
+            self._bill(rnd, rnd.tokens - rnd.billed)           # its last request
+        elif outcome == "round_cap":
+            self._bill(rnd, rnd.tokens - rnd.left - rnd.billed)  # the request cut short
+        on403 = rnd.state == "refused"
+        if self.now < self.midnight:
+            fast = on403 and self.now - rnd.started_at <= FAST
+            if on403:
+                self.n403 += 1
+                self._stop(rnd.lane, "403")
+                if self.trace is not None:
+                    self.trace.points["r403"].append((self.now, fast, rnd.probe))
+            if fast:
+                self.fast403 += 1
+                self.fast403_probes += rnd.probe
+            elif on403:
+                self.cut403 += 1
+                self.cut403_usd += rnd.cost_usd
+            if rnd.probe:
+                self.probes_clean += outcome == "clean"
+            else:  # the storm: consecutive ends of the lanes' rounds, all fast 403s
+                if fast:
+                    self._run += 1
+                    if self._run == 1:
+                        self._run_from = self.now
+                    if self._run > self.storm[0]:
+                        self.storm = (self._run, self._run_from, self.now)
+                else:
+                    self._run = 0
+        super()._end(rnd, outcome)
+        if self.policy.rules and (on403 or rnd.probe):
+            self._check_closure()
+
+    def _again(self, rnd: Round, outcome: str) -> None:
+        if outcome == "error":  # a failed round: the worker asks again later
+            self._push(self.now + L.ERROR_RETRY_AFTER, RETRY, rnd)
+        else:                   # a refusal the admission judges (load, closure): at once, waiting
+            super()._again(rnd, outcome)
+
+    def _retry(self, rnd: Round) -> None:
+        if rnd.item.lane == PACED_LANE:
+            self.backlog[(rnd.pod, rnd.item.pool)].append(rnd.item)
+            self._pace(rnd.pod, rnd.item.pool)
+        else:
+            self._ask(rnd.item)
+
+    def _stop(self, lane: str, why: str) -> None:
+        if lane not in self.stopped and self.now < self.midnight:
+            self.stopped[lane] = (self.now, why)
+
+    def on_decision(self, rnd: Round, d: Any) -> None:
+        if not d.admitted and d.reason == "provider-closed":
+            # the client's waiter refused on a closed provider asks again probe_every after its
+            # last refusal (base.ClientBase._retry_after), not at the pool clock
+            t = self.now + PROBE_EVERY + REASK_LATENCY
+            self._reasks[(rnd.pod, rnd.pool)] = t
+            self._push(t, REASK, (rnd.pod, rnd.pool, t))
+        if self.now >= self.midnight:
+            return
+        if d.admitted:
+            if d.reason == "probe":
+                rnd.probe = True
+                self.probes += 1
+        else:
+            self.refusals[d.reason] = self.refusals.get(d.reason, 0) + 1
+            if d.reason in STOPS:
+                self._stop(rnd.lane, d.reason)
+        if d.reason in ("provider-closed", "probe") and self.closed_until <= self.epoch():
+            self._check_closure()
+
+    def _check_closure(self) -> None:
+        """Read the provider's closure from the rules (after a 403, a probe, or a refusal that
+        says closed while we last saw it open): count each time it goes from open to closed."""
+        st = self.policy.provider_state()
+        now = self.epoch()
+        if st["closedUntil"] > now:
+            if self.closed_until <= now and self.now < self.midnight:
+                self.closures.append((self.now, st["why"]))
+                if self.trace is not None:
+                    self.trace.points["closures"].append((self.now, st["why"]))
+            self.closed_until = st["closedUntil"]
+        else:
+            self.closed_until = 0.0
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> "DaySim":
+        self._push(self.midnight, MIDNIGHT, None)
+        super().run()
+        if self.trace is not None:
+            self.trace.points["stops"] = dict(self.stopped)
+        return self
+
+    def _handle(self, kind: int, payload: Any) -> None:
+        if kind == TURN:
+            self._turn_ends(*payload)
+        elif kind == KEY403:
+            self._end(payload, self.policy.outcome(model.key_limit_error()))
+        elif kind == RETRY:
+            self._retry(payload)
+        elif kind == REASK:
+            pod, pool, t = payload
+            if self._reasks.get((pod, pool)) == t:  # not asked again since
+                del self._reasks[(pod, pool)]
+                self._start(self.policy.reask(pod, pool, self.epoch()))
+        elif kind == MIDNIGHT:
+            self.key.open(self.epoch())  # the key's count starts again
+            if self._run:
+                self._run = 0
+        else:
+            super()._handle(kind, payload)
+
+    def _record(self, pool: str) -> None:
+        pass  # the day's trace is the bills, the 403s and the closures
+
+    # -- figures --------------------------------------------------------------------------------
+    def figures(self) -> dict[str, Any]:
+        day = self.key.totals(int(EPOCH // model.DAY))
+        limit = self.key.limit
+        spent = day["spent"]
+        reached = None if day["reached_at"] is None else day["reached_at"] - EPOCH
+        storm_n, storm_a, storm_b = self.storm
+        first_closure = self.closures[0] if self.closures else (None, None)
+        ledger = None
+        if self.policy.rules:
+            ledger = sum(v for lane, row in self.policy.ledger(utc_day(0.0)).items() if lane != "*"
+                         for v in row.values())
+        done = {lane: sum(1 for i in self.items if i.lane == lane and i.done_at is not None and i.done_at < self.midnight)
+                for lane in self.lanes}
+        return {
+            "limit_usd": limit,
+            "spend_usd": {lane: day["by_lane"].get(lane, 0.0) for lane in self.lanes},
+            "spend_total_usd": spent,
+            "overshoot_usd": max(0.0, spent - limit),
+            "left_usd": max(0.0, limit - spent),
+            "ledger_usd": ledger,
+            "limit_reached_hour": hour(reached),
+            "in_flight_at_limit": None if self.at_limit is None else self.at_limit[0],
+            "in_flight_usd_at_limit": None if self.at_limit is None else self.at_limit[1],
+            "provider_403": self.n403,
+            "fast_403": self.fast403,
+            "fast_403_probes": self.fast403_probes,
+            "cut_by_403": self.cut403,
+            "cut_by_403_usd": self.cut403_usd,
+            "storm_rounds": storm_n,
+            "storm_hours": (storm_b - storm_a) / 3600.0 if storm_n else 0.0,
+            "storm_from_hour": hour(storm_a) if storm_n else None,
+            "closures": len(self.closures),
+            "closed_hour": hour(first_closure[0]),
+            "closed_by": first_closure[1],
+            "probes": self.probes,
+            "probes_clean": self.probes_clean,
+            "stopped_hour": {lane: hour(self.stopped[lane][0]) if lane in self.stopped else None
+                             for lane in self.lanes},
+            "stopped_by": {lane: self.stopped[lane][1] if lane in self.stopped else None for lane in self.lanes},
+            "refusals": dict(sorted(self.refusals.items())),
+            "done": done,
+            "resumed_minutes": None if self.resumed is None else (self.resumed - self.midnight) / 60.0,
+            "rate_limited": self.rate_limited,
+            "cut": self.cut,
+            "stalled": self.stalled,
+            "capacity": {p: pool.k for p, pool in self.pools.items()},
+            "drained": self.left == 0,
+            "sim_minutes": (min(self.now, self.end) - self.window_start) / 60.0,
+        }

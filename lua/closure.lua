@@ -1,0 +1,42 @@
+--[[
+  closure — an operator closes or reopens a provider by hand (audited in events). A closure by
+  hand lasts `seconds`, or until the next 00:00 UTC when `seconds` is empty; a reopen wakes the
+  waiters of every pool of the provider.
+
+  KEYS[1]  adm:{<mesh>}:config
+  ARGV[1]  action: close | reopen
+  ARGV[2]  provider (declared in the policy)
+  ARGV[3]  why (a word: letters, digits and . _ - / : @ #)
+  ARGV[4]  seconds the closure lasts ('' = until midnight UTC; close only)
+  ARGV[5]  now ('' = Redis TIME)
+
+  Reply: {status, closed until (0 = open)}
+  Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_PROVIDER, ADM_NO_CONFIG
+]]
+--@include "codes"
+--@include "util"
+--@include "config"
+--@include "seats"
+--@include "events"
+--@include "provider"
+
+return run(function()
+  local action = check_one_of('action', ARGV[1], {close = true, reopen = true})
+  local name = check_name('provider', ARGV[2])
+  local why = check_name('why', ARGV[3])
+  local seconds = nil
+  if ARGV[4] ~= nil and ARGV[4] ~= '' then
+    seconds = check_num('seconds', ARGV[4], nil, 1)
+    if seconds > 7 * 86400 then fail(ERR.BAD_ARG, 'seconds must be at most a week, got ' .. ARGV[4]) end
+  end
+  local now = clock(ARGV[5])
+  local cfg = load_config(nil)
+  if not cfg.providers[name] then fail(ERR.UNKNOWN_PROVIDER, 'provider ' .. name .. ' is not in the policy') end
+  -- validated: writes may start
+  if action == 'reopen' then
+    reopen_provider(cfg, name, now, 'operator:' .. why)
+    return {STATUS.OK, '0'}
+  end
+  local until_ = close_provider(cfg, name, now, 'operator:' .. why, seconds or (next_midnight(now) - now))
+  return {STATUS.OK, fmt(until_)}
+end)
