@@ -11,9 +11,8 @@ from dataclasses import astuple
 from pathlib import Path
 from typing import Any, Callable
 
-from ._log import get_logger
-
 from . import policy as policy_mod
+from ._log import get_logger
 from .codes import OUTCOMES, UNAVAILABLE
 from .core import Call, Core, Decision, Heartbeat, Seat, _money
 from .errors import AdmissionError, BadArgument, NotYourSeat, RoundInProgress
@@ -25,7 +24,7 @@ log = get_logger("admission")
 #: A waiter whose last ask met an unreachable Redis asks again this soon (not on the pool
 #: clock): rounds asking across a failover are admitted within about this of the promotion.
 RETRY_UNAVAILABLE = 0.5
-RECOVERING = "recovering"
+RECOVERING = "recovering"  # the refusal during the recovery hold (its end wakes nobody)
 #: Ledger records kept in memory (no outbox, or a full one) for a retry while Redis cannot apply
 #: them. Past this the oldest is dropped with an error in the log.
 MAX_PENDING = 10_000
@@ -47,7 +46,9 @@ class Pending:
     """Ledger records Redis has not applied yet (releases and charges that met an unreachable
     Redis, or no policy after a restart): in the pod's durable outbox when it has one, else in
     memory (bounded; lost with the process). Replayed in order by the clock; every record carries
-    its idempotency key (the seat, and the charge key or `release`), so a replay counts once."""
+    its idempotency key (the seat, and the charge key or `release`), so a replay counts once.
+    Thread-safe without the book's lock: the outbox locks itself, and the deque is appended at
+    one end and consumed at the other."""
 
     def __init__(self, outbox: Outbox | None) -> None:
         self.outbox = outbox

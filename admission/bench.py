@@ -97,6 +97,21 @@ REFILL = 100
 # Policy
 
 
+
+def _table(head: str, columns: Sequence[str], rows: list[list[str]], notes: list[str], markdown: bool) -> str:
+    """A table of figures with its notes: Markdown (for the docs) or aligned plain text."""
+    if markdown:
+        out = [f"**{head}**", "", "| " + " | ".join(columns) + " |", "|" + "|".join("---:" for _ in columns) + "|"]
+        out += ["| " + " | ".join(r) + " |" for r in rows]
+        out += [""] + [f"- {n}" for n in notes]
+        return "\n".join(out)
+    widths = [max(len(columns[i]), *(len(r[i]) for r in rows)) for i in range(len(columns))]
+    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    out = [head, "", line(columns), line(["-" * w for w in widths])]
+    out += [line(r) for r in rows]
+    out += [""] + notes
+    return "\n".join(out)
+
 def lanes_table(n: int) -> dict[str, dict[str, Any]]:
     """``n`` lanes: the seed's (measured lane first), then ``batch-NN`` lanes sharing the floor
     left; floors always sum to <= 1."""
@@ -545,18 +560,7 @@ def render_census(result: dict[str, Any], markdown: bool = False) -> str:
         "census no longer counts one decision at a time",
         f"whole run {result['elapsed_s']:.0f} s",
     ]
-    if markdown:
-        out = [f"**{head}**", "", "| " + " | ".join(CENSUS_COLUMNS) + " |",
-               "|" + "|".join("---:" for _ in CENSUS_COLUMNS) + "|"]
-        out += ["| " + " | ".join(r) + " |" for r in rows]
-        out += [""] + [f"- {n}" for n in notes]
-        return "\n".join(out)
-    widths = [max(len(CENSUS_COLUMNS[i]), *(len(r[i]) for r in rows)) for i in range(len(CENSUS_COLUMNS))]
-    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
-    out = [head, "", line(CENSUS_COLUMNS), line(["-" * w for w in widths])]
-    out += [line(r) for r in rows]
-    out += [""] + notes
-    return "\n".join(out)
+    return _table(head, CENSUS_COLUMNS, rows, notes, markdown)
 
 
 # --------------------------------------------------------------------------------------------
@@ -600,18 +604,7 @@ def render(result: dict[str, Any], markdown: bool = False) -> str:
         "ticket (a few more commands than a newcomer's admit, none of them scanning the queue)",
         f"whole run {result['elapsed_s']:.0f} s",
     ]
-    if markdown:
-        out = [f"**{head}**", "", "| " + " | ".join(COLUMNS) + " |",
-               "|" + "|".join("---:" for _ in COLUMNS) + "|"]
-        out += ["| " + " | ".join(r) + " |" for r in rows]
-        out += [""] + [f"- {n}" for n in notes]
-        return "\n".join(out)
-    widths = [max(len(COLUMNS[i]), *(len(r[i]) for r in rows)) for i in range(len(COLUMNS))]
-    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
-    out = [head, "", line(COLUMNS), line(["-" * w for w in widths])]
-    out += [line(r) for r in rows]
-    out += [""] + notes
-    return "\n".join(out)
+    return _table(head, COLUMNS, rows, notes, markdown)
 
 
 # --------------------------------------------------------------------------------------------

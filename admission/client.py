@@ -163,8 +163,7 @@ class Admission(ClientBase):
         try:
             return self._exec_or_raise(call)
         except (Unavailable, NoPolicy) as exc:
-            with self._cond:
-                self._queue(charge_record(seat, cost_usd, key, at), type(exc).__name__)
+            self._queue(charge_record(seat, cost_usd, key, at), type(exc).__name__)  # fsync'd: not under the lock
             return Charged(False, "", "", queued=True)
 
     def flush(self) -> int:
@@ -287,8 +286,7 @@ class Admission(ClientBase):
         try:
             self._apply_record(record)
         except Retry as exc:
-            with self._cond:
-                self._queue(record, str(exc))
+            self._queue(record, str(exc))
         except AdmissionError:
             pass  # refused for good: recorded by _apply_record
         if bad is not None and raising:

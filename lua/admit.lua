@@ -88,15 +88,19 @@ return run(function()
     -- 1. Closed provider: the day's budget spent closes it until midnight; a closed provider
     -- admits one probe round every probe_every while nothing runs on this pool.
     bud = budget(cfg, provider, now, pv)
-    if bud and bud.spent >= bud.limit and not is_closed(pv, now) then
+    local spent_out = bud and bud.spent >= bud.limit
+    if spent_out and not is_closed(pv, now) then
       close_provider(cfg, provider, now, 'budget_reached')
       pv = load_provider(provider)
     end
     if is_closed(pv, now) then
-      if probe_due(T, pv, p, now) then probe = true else reason = 'provider-closed' end
-    elseif bud and bud.left <= 0 then
+      -- no probe while our own count says the day's budget is spent: a probe proves nothing
+      -- about that (a new reading with a higher limit does)
+      if probe_due(T, pv, p, now) and not spent_out then probe = true else reason = 'provider-closed' end
+    elseif bud and (bud.left <= 0 or bud.left < p.meanCost) then
       -- 2. The budget: rounds in flight count at their pool's mean cost, so the day's limit is
-      -- overshot by at most the rounds already running ...
+      -- overshot by at most the rounds already running; a round starts only while one more
+      -- round's mean cost is left ...
       reason = 'budget-spent'
     elseif bud and bud.left < cfg.lane[lane].reserve * bud.limit then
       -- ... and a lane whose reserve is no longer left stops there

@@ -29,10 +29,11 @@ local function plan_here(cfg, pool, lane, wanted, now)
   local T, provider = cfg.T, check_pool(pool)
   local p, L = load_pool(T, pool), load_lanes(cfg, pool)
   local pv = load_provider(provider)
-  if is_closed(pv, now) then
-    return (wanted > 0 and L.wait[lane] == 0 and probe_due(T, pv, p, now)) and 1 or 0
-  end
   local bud = budget(cfg, provider, now, pv)
+  if is_closed(pv, now) or (bud and bud.spent >= bud.limit) then
+    return (wanted > 0 and L.wait[lane] == 0 and probe_due(T, pv, p, now) and not (bud and bud.spent >= bud.limit))
+      and 1 or 0
+  end
   return plan(cfg, T, p, L, lane, wanted, money(cfg, bud, lane, bud and lane_spend(cfg, provider, lane, bud.day),
     p.meanCost))
 end

@@ -63,3 +63,34 @@ def test_async_wait_timeout_removes_the_ticket(async_client_factory):
                 pass
         assert await client.zcard("adm:{t}:wait:m@p:x") == 0
     asyncio.run(main())
+
+
+def test_async_release_and_charge_wait_in_the_outbox_and_count_once(async_client_factory, tmp_path):
+    import time as _time
+
+    import redis as _redis
+
+    from admission import scripts
+
+    async def main():
+        a = AsyncAdmission(async_client_factory(), mesh="t", pod="p", background=False,
+                           outbox=tmp_path / "p.outbox")
+        await a.apply_policy(policy(ONE_LANE), recovery_hold=False)
+        real = scripts.acall
+
+        async def down(*args, **kwargs):
+            raise _redis.ConnectionError("down")
+
+        try:
+            async with a.round(lane="x", model=POOL, round_id="r1") as r:
+                assert (await r.charge(0.5, key="step-1")).booked
+                scripts.acall = down
+                assert (await r.charge(0.25, key="step-2")).queued
+                r.cost_usd = 0.125
+        finally:
+            scripts.acall = real
+        assert len(a._pending) == 2 and a._book.seats == {}
+        assert await a.flush() == 0 and await a.flush() == 0
+        today = _time.strftime("%Y-%m-%d", _time.gmtime())
+        assert await a.ledger(today) == {"x": {"p": 0.875}, "*": {"p": 0.875}}
+    asyncio.run(main())

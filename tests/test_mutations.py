@@ -232,7 +232,7 @@ MUTATIONS = [
     ("the budget keeps to its day", "include/provider.lua", "local spent = tonumber(redis.call('HGET', key('spend', day)",
      "local spent = tonumber(redis.call('HGET', key('spend', 'all')", "test_rules_provider.py", "keeps_to_its_day"),
     ("the day's budget spent closes the provider", "admit.lua",
-     "if bud and bud.spent >= bud.limit and not is_closed(pv, now) then", "if false then",
+     "if spent_out and not is_closed(pv, now) then", "if false then",
      "test_rules_provider.py", "days_budget_spent_closes"),
     ("committed spend", "include/provider.lua",
      "committed = committed + (tonumber(v[1]) or 0) * (tonumber(v[2]) or 0)", "committed = 0",
@@ -271,8 +271,13 @@ MUTATIONS = [
     ("plan counts the cost guard", "include/decide.lua", "if kg then n = math.min(n, kg) end", "",
      "test_rules_provider.py", "money_like_admit"),
     ("plan of a closed provider is its probe", "plan.lua",
-     "return (wanted > 0 and L.wait[lane] == 0 and probe_due(T, pv, p, now)) and 1 or 0", "return wanted",
-     "test_rules_provider.py", "closed_provider_is_its_probe"),
+     "return (wanted > 0 and L.wait[lane] == 0 and probe_due(T, pv, p, now) and not (bud and bud.spent >= bud.limit))\n      and 1 or 0",
+     "return wanted", "test_rules_provider.py", "closed_provider_is_its_probe"),
+    ("no probe while the day's budget is spent", "admit.lua", "if probe_due(T, pv, p, now) and not spent_out then",
+     "if probe_due(T, pv, p, now) then", "test_rules_provider.py", "no_probe_while"),
+    ("a round starts only while its mean cost is left", "admit.lua",
+     "elseif bud and (bud.left <= 0 or bud.left < p.meanCost) then", "elseif bud and bud.left <= 0 then",
+     "test_rules_provider.py", "mean_cost_is_left"),
 ]
 
 

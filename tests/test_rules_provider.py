@@ -46,11 +46,16 @@ def reading(provider="p", **kw):
     return SimpleNamespace(provider=provider, **kw)
 
 
-def spend(a, usd, lane="express", pool=P2, now=T0):
-    """Book `usd` to the ledger through a round of its own (on n@p: m@p's mean cost stays 0)."""
+def spend(a, usd, lane="express", pool=P2, now=T0, priced=False):
+    """Book `usd` to the ledger through a round of its own: charged mid-round (the pool's mean
+    round cost stays as it was), or priced at its release (it becomes the pool's mean cost)."""
     d = ask(a, lane, pool, now=now)
     assert d.admitted, d
-    a.release(d.seat, outcome="clean", seconds=1, cost_usd=usd, now=now)
+    if priced:
+        a.release(d.seat, outcome="clean", seconds=1, cost_usd=usd, now=now)
+    else:
+        a.charge(d.seat, cost_usd=usd, key="spend", now=now)
+        a.release(d.seat, outcome="clean", seconds=1, now=now)
 
 
 # -- closure --------------------------------------------------------------------------------------
@@ -181,7 +186,7 @@ def test_the_days_budget_spent_closes_the_provider_until_midnight(redis_client):
 
 def test_committed_spend_counts_the_rounds_in_flight_at_their_mean_cost(redis_client):
     a = adm(redis_client, pol=day_policy(limit=100, seed_estimate=8))
-    spend(a, 20, pool=P1)                                      # m@p's mean round cost: 20 USD
+    spend(a, 20, pool=P1, priced=True)                         # m@p's mean round cost: 20 USD
     running = [ask(a, "express", now=T0 + 1) for _ in range(3)]
     assert all(d.admitted for d in running)
     # spent 20 + committed 3 x 20 = 80 of 100: 20 % left
@@ -365,7 +370,7 @@ def test_cost_guard_per_provider_a_lane_at_its_floor_share_borrows_nothing_more(
 
 def test_cost_guard_counts_the_lanes_rounds_in_flight(redis_client):
     a = adm(redis_client, pol=floored_policy())
-    spend(a, 5, lane="reviews", pool=P1)                      # m@p's mean round cost: 5 USD
+    spend(a, 5, lane="reviews", pool=P1, priced=True)         # m@p's mean round cost: 5 USD
     got = [ask(a, "bugfix", pool=P1, now=T0 + 1) for _ in range(6)]
     # floor 2 within it, then borrowing while 0 spent + 5 x in flight < 20: 4 in flight, then stop
     assert [d.reason for d in got] == ["within-floor", "within-floor", "borrowed", "borrowed", "cost-guard",
@@ -375,7 +380,7 @@ def test_cost_guard_counts_the_lanes_rounds_in_flight(redis_client):
 @pytest.mark.parametrize("lane", ["triage", "bugfix", "reviews"])
 def test_plan_and_the_census_bound_count_the_days_money_like_admit(redis_client, lane):
     a = adm(redis_client, pol=floored_policy(seed_estimate=40))
-    spend(a, 5, lane="reviews", pool=P1)                      # ledger 5, m@p's mean round cost 5
+    spend(a, 5, lane="reviews", pool=P1, priced=True)         # ledger 5, m@p's mean round cost 5
     planned = a.plan(lane=lane, model=P1, wanted=100, now=T0 + 1)
     bound = next(l for l in a.census(now=T0 + 1)["pools"][0]["lanes"] if l["lane"] == lane)["bound"] \
         if lane == "reviews" else planned
@@ -393,3 +398,44 @@ def test_plan_of_a_closed_provider_is_its_probe(redis_client):
     assert a.plan(lane="triage", model=P1, wanted=5, now=T0 + 1) == 0
     assert a.plan(lane="triage", model=P1, wanted=5, now=T0 + 10) == 1          # the probe
     assert a.plan(lane="triage", model=Q1, wanted=5, now=T0 + 10) == 5
+
+
+def test_a_release_replayed_after_a_restart_lost_its_seat_books_its_cost_once(redis_client, tmp_path):
+    from admission import Admission
+    pol = day_policy()
+    a = Admission(redis_client, mesh="t", pod="pod-a", background=False, outbox=tmp_path / "a.outbox")
+    a.apply_policy(pol, recovery_hold=False)
+    with a.round(lane="bugfix", model=P1, round_id="lost") as r:
+        redis_client.flushall()                    # a restart without persistence: seat, tombstone, policy
+        r.cost_usd = 0.42
+    assert len(a._pending) == 1                    # NoPolicy: kept in the outbox
+    a.apply_policy(pol, recovery_hold=False)
+    assert a.flush() == 0 and a.flush() == 0       # UnknownSeat: the cost is booked by a charge, once
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    assert a.ledger(today) == {"bugfix": {"p": 0.42}, "*": {"p": 0.42}}
+    assert not a.charge(r.seat, cost_usd=0.42, key="release").booked   # any later replay counts nothing
+
+
+def test_no_probe_while_our_own_count_says_the_days_budget_is_spent(redis_client):
+    a = adm(redis_client, pol=day_policy(limit=100))
+    spend(a, 100)
+    assert ask(a, "express", pool=P1, now=T0 + 1).reason == "provider-closed"        # closes it
+    assert ask(a, "express", pool=P1, now=T0 + 100).reason == "provider-closed"      # and no probe
+    assert a.plan(lane="express", model=P1, wanted=3, now=T0 + 100) == 0
+    # a reading of a topped-up key raises the limit: the probe goes, and a clean one reopens
+    a.report_budget(reading(limit_usd=500.0, spent_usd=100.0, at=T0 + 100), now=T0 + 100)
+    pol = day_policy(limit=1000)
+    a.apply_policy(pol)
+    probe = ask(a, "express", pool=P1, now=T0 + 200)
+    assert probe.reason == "probe"
+    a.release(probe.seat, outcome="clean", now=T0 + 201)
+    assert ask(a, "express", pool=P1, now=T0 + 202).admitted
+
+
+def test_a_round_starts_only_while_its_mean_cost_is_left(redis_client):
+    a = adm(redis_client, pol=day_policy(limit=100))
+    spend(a, 30, pool=P1, priced=True)                         # m@p's mean round cost: 30
+    spend(a, 45, pool=P2, now=T0 + 1)                          # 75 spent: 25 left, less than 30
+    assert ask(a, "express", pool=P1, now=T0 + 2).reason == "budget-spent"
+    assert ask(a, "express", pool=Q1, now=T0 + 2).admitted
+    assert a.plan(lane="express", model=P1, wanted=3, now=T0 + 2) == 0

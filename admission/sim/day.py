@@ -16,13 +16,12 @@ midnight.
 from __future__ import annotations
 
 import datetime as _dt
-import math
 from typing import Any
 
+from ..policy import TUNABLES as _DEFAULTS
 from . import load as L
 from . import model
 from .engine import EPOCH, Round, Sim, Trace
-from ..policy import TUNABLES as _DEFAULTS
 from .policies import PACED_LANE, TUNABLES
 
 DEFAULT_PROBE_EVERY = _DEFAULTS["probe_every"][0]  # 10 s
@@ -61,31 +60,37 @@ class DaySim(Sim):
         self.stopped: dict[str, tuple[float, str]] = {}
         self.closures: list[tuple[float, str]] = []
         self.closed_until = 0.0              # epoch; what the rules hold (read after a closing event)
+        self._reopened = False               # a probe ended clean since the last read (it reopened)
         self._run, self._run_from = 0, 0.0   # the current stretch of fast 403s (probes set aside)
         self.storm = (0, 0.0, 0.0)           # longest stretch: rounds, first end, last end
-        self.at_limit: tuple[int, float] | None = None  # rounds in flight, their remaining cost
+        # when the count reached the limit: the rounds in flight (the one whose request reached it
+        # included) and the most they could still be billed
+        self.at_limit: tuple[int, float] | None = None
         self.resumed: float | None = None    # first round served after midnight
         self._reasks: dict[tuple[str, str], float] = {}  # (pod, pool) -> when its waiters ask again
         if self.trace is not None:
             self.trace = Trace({"bills": [], "r403": [], "closures": [], "stops": {}, "limit": limit_usd,
-                                "reached": None, "midnight": MIDNIGHT_T, "in_flight": []})
+                                "reached": None, "midnight": MIDNIGHT_T})
 
     # -- the provider's key ---------------------------------------------------------------------
     def _bill(self, rnd: Round, tokens: float) -> None:
         if tokens <= model._EPS:
             return
-        first = self.key.reached_at is None
-        usd = self.key.bill(tokens, rnd.lane, self.epoch())
+        key, now = self.key, self.epoch()
+        if (key.open(now) and key.limit is not None and self.now < self.midnight
+                and key.spent + key.cost(tokens) >= key.limit):
+            # this request takes the day's count to the limit: what is in flight now (this round
+            # included, from the request that reaches the limit) is all that can still be billed
+            price = key.price / 1000.0
+            running = [rnd] + [r for r in self.rounds.values() if r is not rnd]
+            self.at_limit = (len(running), sum((r.tokens - r.billed) * price for r in running))
+            if self.trace is not None:
+                self.trace.points["reached"] = self.now
+        usd = key.bill(tokens, rnd.lane, now)
         rnd.billed += tokens
         rnd.cost_usd += usd
         if self.trace is not None:
             self.trace.points["bills"].append((self.now, rnd.lane, usd))
-        if first and self.key.reached_at is not None and self.now < self.midnight:
-            # the day's count reached the limit: what is still in flight may still be billed
-            price = self.key.price / 1000.0
-            self.at_limit = (len(self.rounds), sum((r.tokens - r.billed) * price for r in self.rounds.values()))
-            if self.trace is not None:
-                self.trace.points["reached"] = self.now
 
     def _reach_provider(self, rnd: Round, pool: model.ProviderPool) -> None:
         if not self.key.open(self.epoch()):  # the first request of the round is refused
@@ -148,6 +153,9 @@ class DaySim(Sim):
                 self.cut403_usd += rnd.cost_usd
             if rnd.probe:
                 self.probes_clean += outcome == "clean"
+                # a clean probe reopens the provider inside its release, and the waiters that
+                # release wakes may close it again before we read it: count that as a closure
+                self._reopened |= outcome == "clean"
             else:  # the storm: consecutive ends of the lanes' rounds, all fast 403s
                 if fast:
                     self._run += 1
@@ -203,8 +211,9 @@ class DaySim(Sim):
         says closed while we last saw it open): count each time it goes from open to closed."""
         st = self.policy.provider_state()
         now = self.epoch()
+        reopened, self._reopened = self._reopened, False
         if st["closedUntil"] > now:
-            if self.closed_until <= now and self.now < self.midnight:
+            if (self.closed_until <= now or reopened) and self.now < self.midnight:
                 self.closures.append((self.now, st["why"]))
                 if self.trace is not None:
                     self.trace.points["closures"].append((self.now, st["why"]))
@@ -254,10 +263,14 @@ class DaySim(Sim):
         if self.policy.rules:
             ledger = sum(v for lane, row in self.policy.ledger(utc_day(0.0)).items() if lane != "*"
                          for v in row.values())
-        done = {lane: sum(1 for i in self.items if i.lane == lane and i.done_at is not None and i.done_at < self.midnight)
+        done = {lane: sum(1 for i in self.items
+                          if i.lane == lane and i.done_at is not None and i.done_at < self.midnight)
                 for lane in self.lanes}
+        budget = getattr(self.policy, "limit_usd", None) if getattr(self.policy, "budget", False) else None
         return {
             "limit_usd": limit,
+            "policy_limit_usd": budget,
+            "over_policy_limit_usd": None if budget is None else max(0.0, spent - budget),
             "spend_usd": {lane: day["by_lane"].get(lane, 0.0) for lane in self.lanes},
             "spend_total_usd": spent,
             "overshoot_usd": max(0.0, spent - limit),

@@ -346,18 +346,22 @@ class Day(SeedAndGrow):
     round refused at its first request reports none) and the provider's 403 is classified by
     ``admission.classify`` (``key_daily_limit``: a closure until midnight).
     ``rules=False`` (``without-rules``, the seed's baseline): admission knows no budget, no cost is
-    reported, and the 403 is a plain ``error`` (no closure)."""
+    reported, and the 403 is a plain ``error`` (no closure).
+    ``budget=False`` with the rules (``closure-only``, not in the scenario's table): the key's limit
+    is set only at the provider, so the policy declares none; costs are reported and the 403 closes
+    the provider, but nothing stops a lane before it (the seed: "learned from its first refusal")."""
 
     lanes = DAY_LANES
 
-    def __init__(self, client, *, rules: bool, limit_usd: float, mesh_prefix: str = "sim"):
+    def __init__(self, client, *, rules: bool, limit_usd: float, budget: bool = True, mesh_prefix: str = "sim"):
         super().__init__(client, mesh_prefix=mesh_prefix)
         self.rules = rules
+        self.budget = rules and budget
         self.limit_usd = limit_usd
-        self.name = "with-rules" if rules else "without-rules"
+        self.name = ("with-rules" if self.budget else "closure-only") if rules else "without-rules"
 
     def providers(self) -> dict:
-        return {self.provider: {"daily_limit_usd": self.limit_usd} if self.rules else {}}
+        return {self.provider: {"daily_limit_usd": self.limit_usd} if self.budget else {}}
 
     def outcome(self, error: Exception) -> str:
         return outcome_of(error) if self.rules else "error"
@@ -384,9 +388,9 @@ def day_reserves() -> dict[str, float]:
     return {lane["name"]: lane["reserve"] for lane in pol["lanes"]}
 
 
-NAMES = ("step", "seed-and-grow", "seed-and-grow-private", "oracle", "with-rules", "without-rules")
+NAMES = ("step", "seed-and-grow", "seed-and-grow-private", "oracle", "with-rules", "without-rules", "closure-only")
 #: The policies that run the shipped Lua (they need a server).
-REDIS_BACKED = ("seed-and-grow", "seed-and-grow-private", "with-rules", "without-rules")
+REDIS_BACKED = ("seed-and-grow", "seed-and-grow-private", "with-rules", "without-rules", "closure-only")
 
 
 def make(name: str, client: Any = None, mesh_prefix: str = "sim", limit_usd: float | None = None) -> Policy:
@@ -398,9 +402,9 @@ def make(name: str, client: Any = None, mesh_prefix: str = "sim", limit_usd: flo
         if client is None:
             raise ValueError(f"{name} needs a Redis client")
         return SeedAndGrow(client, private=name.endswith("private"), mesh_prefix=mesh_prefix)
-    if name in ("with-rules", "without-rules"):
+    if name in ("with-rules", "without-rules", "closure-only"):
         if client is None:
             raise ValueError(f"{name} needs a Redis client")
-        return Day(client, rules=name == "with-rules", limit_usd=limit_usd or KEY_DAILY_LIMIT_USD,
-                   mesh_prefix=mesh_prefix)
+        return Day(client, rules=name != "without-rules", budget=name == "with-rules",
+                   limit_usd=limit_usd or KEY_DAILY_LIMIT_USD, mesh_prefix=mesh_prefix)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(NAMES)}")

@@ -13,7 +13,8 @@ SCALARS = ("rate_limited", "cut", "stalled", "red_main_start_minutes", "red_main
            "sim_minutes")
 PER_KEY = ("drain_minutes", "start_minutes", "peak_in_flight", "minutes_above_k", "peak_over_estimate")
 #: provider-day (day.DaySim.figures)
-DAY_SCALARS = ("limit_usd", "spend_total_usd", "overshoot_usd", "left_usd", "ledger_usd", "limit_reached_hour",
+DAY_SCALARS = ("limit_usd", "policy_limit_usd", "over_policy_limit_usd", "spend_total_usd", "overshoot_usd",
+               "left_usd", "ledger_usd", "limit_reached_hour",
                "in_flight_at_limit", "in_flight_usd_at_limit", "provider_403", "fast_403", "fast_403_probes",
                "cut_by_403", "cut_by_403_usd",
                "storm_rounds", "storm_hours", "storm_from_hour", "closures", "closed_hour", "probes",
@@ -123,9 +124,10 @@ def table(doc: dict[str, Any]) -> str:
     """Per scenario: one row per policy, the means over the runs with [min–max]."""
     cfg = doc["config"]
     horizon = cfg["hours"] * 60.0
-    lines = [f"{cfg['runs']} seeded runs per row (seed {cfg['seed']}), mean [min–max]; K = {cfg['capacity']:g}; "
-             f"drain in minutes from the start of the load ('>{horizon:.0f}': not drained within "
-             f"{cfg['hours']:g} h)", ""]
+    drains = any(name != "provider-day" for name in doc["scenarios"])
+    lines = [f"{cfg['runs']} seeded runs per row (seed {cfg['seed']}), mean [min–max]; K = {cfg['capacity']:g}"
+             + (f"; drain in minutes from the start of the load ('>{horizon:.0f}': not drained within "
+                f"{cfg['hours']:g} h)" if drains else ""), ""]
     for name, sc in doc["scenarios"].items():
         if name == "provider-day":
             lines += day_table(sc)
@@ -370,7 +372,8 @@ def day_plot(by_policy: dict[str, Any], doc: dict[str, Any], directory: Path, pl
             whys = sorted({w for _, _, w in g})
             text = ("every lane" if len(g) == len(LANE_COLORS) else ", ".join(l for _, l, _ in g)) + \
                 f" ({'/'.join(whys)}) {_clock(g[0][0])}"
-            ax.annotate(text, (g[0][0], limit * (1.08 + 0.075 * (j % 4))), fontsize=7, ha="right" if g[0][0] > 20 else "left",
+            ax.annotate(text, (g[0][0], limit * (1.08 + 0.075 * (j % 4))), fontsize=7,
+                        ha="right" if g[0][0] > 20 else "left",
                         va="bottom", color=LANE_COLORS.get(g[0][1], "k") if len(g) == 1 else "k")
         ax.set_ylim(0, limit * 1.42)
         ax.set_ylabel("USD spent (provider's count)")
@@ -387,7 +390,10 @@ def day_plot(by_policy: dict[str, Any], doc: dict[str, Any], directory: Path, pl
         ax403.set_ylabel("403s / 10 min")
         ax403.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0))
     axes[-1, 0].set_xlim(START_HOUR, end)
-    ticks = list(range(int(START_HOUR), int(end) + 1, 2)) + [end]
+    top = max(axes[2 * i + 1, 0].get_ylim()[1] for i in range(len(pols)))
+    for i in range(len(pols)):  # one scale for the 403s of both policies
+        axes[2 * i + 1, 0].set_ylim(0, top)
+    ticks = list(range(int(START_HOUR), int(end) + 1, 2))
     axes[-1, 0].set_xticks(ticks)
     axes[-1, 0].set_xticklabels([_clock(h) for h in ticks])
     axes[-1, 0].set_xlabel("UTC (the key resets at 00:00)")

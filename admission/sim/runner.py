@@ -84,7 +84,8 @@ def simulate(sc: scenarios.Scenario, policy: str, rng: np.random.Generator, *, h
     client = None
     if policy in REDIS_BACKED:
         client = (backend or _backend()).client()
-    pol = make_policy(policy, client, mesh_prefix=f"sim-{uuid.uuid4().hex[:8]}", limit_usd=sc.limit_usd)
+    pol = make_policy(policy, client, mesh_prefix=f"sim-{uuid.uuid4().hex[:8]}",
+                      limit_usd=sc.policy_limit_usd or sc.limit_usd)
     kw = dict(pools=sc.pools, pods=sc.pods, items=items, policy=pol, rng=rng, window_start=sc.window_start,
               hours=sc.hours or hours, record=record)
     if sc.day:

@@ -29,6 +29,7 @@ class Scenario:
     hours: float | None = None  # its own horizon (None: the CLI's --hours)
     day: bool = False           # runs on day.DaySim (the provider's key and its day)
     limit_usd: float | None = None  # day: the key's daily limit (and the rules' daily_limit_usd)
+    policy_limit_usd: float | None = None  # day: the rules' daily_limit_usd when not the key's limit
 
 
 def burst(k: float) -> Scenario:

@@ -115,10 +115,10 @@ end
 
 -- The money checks along a run of newcomers: newcomer k (0-based) has k more rounds in flight on
 -- this pool, each committed at the pool's mean round cost `m.mc`.
-local function budget_ok(m, k) -- check 2: something left, and more than the lane's reserve
+local function budget_ok(m, k) -- check 2: a round's mean cost left, and more than the lane's reserve
   if not m then return true end
   local left = m.left - k * m.mc
-  return left > 0 and left >= m.reserve_line
+  return left > 0 and left >= m.mc and left >= m.reserve_line
 end
 local function guarded_at(m, k) -- check 6
   return m ~= nil and m.guard_line ~= nil and m.lane_spend + k * m.mc >= m.guard_line
@@ -168,7 +168,7 @@ local function in_a_row(cfg, T, p, r, lane, run, g_me, wanted, m)
   end
   if m then -- the budget stops every newcomer, within its floor too
     local kb
-    if m.mc > 0 then kb = first_reach(-m.left, m.mc, -math.max(m.reserve_line, 0))
+    if m.mc > 0 then kb = first_reach(-m.left, m.mc, -math.max(m.reserve_line, m.mc))
     elseif not budget_ok(m, 0) then kb = 0 end
     if kb then n = math.min(n, kb) end
   end
