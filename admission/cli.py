@@ -1,6 +1,7 @@
 """The `admission` command: apply a policy, read the census, drive the clock, run the tools.
 
     admission config apply deploy/policy.example.toml --url redis://127.0.0.1:6379/0 --mesh prod
+    admission config show --url ... --mesh prod [--alternatives]
     admission census --url ... --mesh prod [--watch 2] [--json]
     admission events --url ... --mesh prod [--count 20]
     admission tick --url ... --mesh prod
@@ -21,7 +22,7 @@ import time
 
 import structlog
 
-from . import dayjob, doctor
+from . import alternatives, dayjob, doctor
 from ._log import show
 from .client import Admission
 from .errors import AdmissionError, Unavailable
@@ -54,9 +55,24 @@ def cmd_config(args) -> int:
         print(f"applied {args.file} to mesh {args.mesh}: version {version}"
               + (f"; new rounds wait {max(0.0, hold - time.time()):.0f} s for running rounds to re-assert"
                  if hold else ""))
+    elif args.alternatives:
+        policy = adm.policy()
+        if not policy.get("pools"):
+            print(f"admission: mesh {args.mesh} has no policy applied", file=sys.stderr)
+            return 1
+        print(render_alternatives(policy))
     else:
         print(json.dumps(adm.policy(), indent=2))
     return 0
+
+
+def render_alternatives(policy: dict) -> str:
+    """One line per pool: `pool -> a, b` or `pool -> (none)`, `(explicit)` for an explicit entry."""
+    lines = []
+    for pool, alts in alternatives.alternatives(policy).items():
+        explicit = " (explicit)" if alternatives.explicit_key(policy, pool) is not None else ""
+        lines.append(f"{pool} -> {', '.join(alts) or '(none)'}{explicit}")
+    return "\n".join(lines)
 
 
 def cmd_census(args) -> int:
@@ -151,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expect-version", type=int, default=None, help="compare-and-set on the current version")
     p.add_argument("--no-recovery-hold", action="store_true",
                    help="a mesh known to be new: no hold for running rounds to re-assert (see README)")
+    p.add_argument("--alternatives", action="store_true",
+                   help="with show: each pool's alternatives (explicit, else its tier's defaults)")
     _conn_args(p)
     p.set_defaults(func=cmd_config)
     p = sub.add_parser("census", help="print the census (read model)")

@@ -52,12 +52,15 @@ MAX_POOLS = 1000  # apply_config writes the catalog in one HSET: bounded so it n
 CLOCKS = ("server", "caller")
 
 _RETIRED = re.compile(r"(?i)^(max_?concurren(t|cy)\w*|max_?(rounds|agents|running|in_?flight)|concurrency(_?(cap|limit))?)$")
-_TOP_KEYS = {"tunables", "lanes", "providers", "pools", "clock"}
+_TOP_KEYS = {"tunables", "lanes", "providers", "pools", "clock", "tiers", "alternatives", "pins", "agents"}
 _LANE_KEYS = {"floor", "weight", "priority", "reserve", "pools"}
 _PROVIDER_KEYS = {"route", "kind", "daily_limit_usd", "budget_reader", "budget_url", "api_key_env"}
 #: Budget readers a provider may name (``admission/budget.py``): how its key's day is read.
 BUDGET_READERS = ("openrouter",)
 _POOL_KEYS = {"tier", "tokens"}
+_PIN_KEYS = {"lanes", "agents"}
+#: A name (tier, agent, lane, model) holds what lua/include/util.lua's check_name accepts.
+_NAME = re.compile(r"^[A-Za-z0-9._\-/:@#]{1,200}$")
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -194,4 +197,125 @@ def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
     clock = raw.get("clock", "server")
     if clock not in CLOCKS:
         raise PolicyError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
-    return {"tunables": tunables, "lanes": lanes, "providers": providers, "pools": pools, "clock": clock}
+    lane_names = {l["name"] for l in lanes}
+    tiers = _tiers(raw.get("tiers", {}), pools)
+    alternatives = _alternatives(raw.get("alternatives", {}), pools, providers)
+    pins = _pins(raw.get("pins", {}), lane_names)
+    agents = _agents(raw.get("agents", {}), lane_names)
+    return {"tunables": tunables, "lanes": lanes, "providers": providers, "pools": pools, "clock": clock,
+            "tiers": tiers, "alternatives": alternatives, "pins": pins, "agents": agents}
+
+
+def _name(where: str, v: Any) -> str:
+    if not isinstance(v, str) or not _NAME.match(v):
+        raise PolicyError(f"{where}: name {v!r} must be 1-200 characters, only letters, digits and . _ - / : @ #")
+    return v
+
+
+def _names(where: str, v: Any, *, empty: bool = False) -> list[str]:
+    if not isinstance(v, list) or (not v and not empty):
+        raise PolicyError(f"{where} must be a {'' if empty else 'non-empty '}list of names, got {v!r}")
+    out = [_name(where, x) for x in v]
+    dup = sorted({x for x in out if out.count(x) > 1})
+    if dup:
+        raise PolicyError(f"{where}: {', '.join(dup)} listed twice")
+    return out
+
+
+def model_of(pool: str) -> str:
+    """The model of a pool name ``model@provider`` (the part before the last '@')."""
+    return pool.rpartition("@")[0]
+
+
+def tier_of(model: str, tiers: Mapping[str, list[str]]) -> tuple[str, int] | None:
+    """The tier whose token ``model`` carries (case-insensitive substring) and the index of
+    the first such token in that tier's list; None for a model in no tier."""
+    low = model.lower()
+    for name, tokens in tiers.items():
+        for i, tok in enumerate(tokens):
+            if tok.lower() in low:
+                return name, i
+    return None
+
+
+def _tiers(raw: Any, pools: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """[tiers]: tier name -> ordered, non-empty list of model-id tokens; no model in two tiers."""
+    tiers: dict[str, list[str]] = {}
+    for name, tokens in _table("[tiers]", raw).items():
+        _name("[tiers]", name)
+        if (not isinstance(tokens, list) or not tokens
+                or not all(isinstance(t, str) and t.strip() for t in tokens)):
+            raise PolicyError(f"tiers.{name} must be a non-empty list of model-id tokens (strings), got {tokens!r}")
+        lows = [t.lower() for t in tokens]
+        dup = sorted({t for t in lows if lows.count(t) > 1})
+        if dup:
+            raise PolicyError(f"tiers.{name}: token(s) {', '.join(dup)} listed twice")
+        tiers[name] = list(tokens)
+    for model in sorted({model_of(p["name"]) for p in pools}):
+        hits = [t for t, tokens in tiers.items() if any(tok.lower() in model.lower() for tok in tokens)]
+        if len(hits) > 1:
+            raise PolicyError(f"model {model!r} is in two tiers ({', '.join(hits)}): "
+                              "its id carries a token of each; make the tokens distinct")
+    return tiers
+
+
+def may_move_to(src: Mapping[str, Any], dst: Mapping[str, Any]) -> bool:
+    """MayMoveTo: may a round leave a pool of provider ``src`` for a pool of provider ``dst``
+    (each a normalized provider: ``route``, ``kind``)? Never off the EU route: from an EU-routed
+    provider only to another EU-routed provider or a direct provider, never to a non-EU router.
+    From a global provider anywhere."""
+    if src["route"] != "eu":
+        return True
+    return dst["route"] == "eu" or dst["kind"] == "direct"
+
+
+def _alternatives(raw: Any, pools: list[dict[str, Any]],
+                  providers: Mapping[str, Any]) -> dict[str, list[str]]:
+    """[alternatives]: model or pool -> ordered list of catalog pools (replaces the defaults)."""
+    catalog = {p["name"]: p["provider"] for p in pools}
+    models = {model_of(p) for p in catalog}
+    out: dict[str, list[str]] = {}
+    for key, lst in _table("[alternatives]", raw).items():
+        where = f'alternatives."{key}"'
+        _name("[alternatives]", key)
+        if "@" in key and key not in catalog:
+            raise PolicyError(f"{where}: pool {key!r} is not in [pools]")
+        if "@" not in key and key not in models:
+            raise PolicyError(f"{where}: model {key!r} is the model of no pool in [pools]")
+        alts = _names(where, lst, empty=True)
+        missing = [x for x in alts if x not in catalog]
+        if missing:
+            raise PolicyError(f"{where}: {', '.join(missing)} not in [pools]")
+        if key in alts:
+            raise PolicyError(f"{where}: a pool may not list itself as its alternative")
+        if key in catalog:
+            off = [x for x in alts if not may_move_to(providers[catalog[key]], providers[catalog[x]])]
+            if off:
+                raise PolicyError(f"{where}: {', '.join(off)} would take an EU-routed pool to a non-EU router")
+        out[key] = alts
+    return out
+
+
+def _pins(raw: Any, lane_names: set[str]) -> dict[str, list[str]]:
+    """[pins]: hard-pinned lanes (declared) and agents."""
+    pins = _table("[pins]", raw)
+    _unknown("[pins]", pins, _PIN_KEYS)
+    lanes = _names("pins.lanes", pins.get("lanes", []), empty=True)
+    unknown = [x for x in lanes if x not in lane_names]
+    if unknown:
+        raise PolicyError(f"pins.lanes: {', '.join(unknown)} not declared under [lanes]")
+    return {"lanes": lanes, "agents": _names("pins.agents", pins.get("agents", []), empty=True)}
+
+
+def _agents(raw: Any, lane_names: set[str]) -> dict[str, str]:
+    """[agents]: agent -> its lane (laneOfAgent); the lane must be declared."""
+    out: dict[str, str] = {}
+    for agent, lane in _table("[agents]", raw).items():
+        _name("[agents]", agent)
+        if not isinstance(lane, str):
+            raise PolicyError(f'agents."{agent}" must name a lane, got {lane!r}')
+        _name(f'agents."{agent}"', lane)
+        if lane not in lane_names:
+            raise PolicyError(f'agents."{agent}": lane {lane!r} is not declared under [lanes]')
+        out[agent] = lane
+    return out
