@@ -314,8 +314,8 @@ class AsyncAdmission(ClientBase):
                 if await self._step("heartbeat", self._beat):
                     next_beat = now + self._tunables["lease_ttl"] / 3
                 await self._step("watchdog", self._watchdog)
-                if len(self._pending):
-                    await self._step("pending", self.flush)
+            if len(self._pending):  # every turn: a backlog of ledger records drains as Redis answers
+                await self._step("pending", self.flush)
             if now >= next_tick:
                 await self._step("tick", self.tick)
                 next_tick = now + self._tunables["grow_interval"]

@@ -73,17 +73,25 @@ class Pending:
         return len(self.memory) + (len(self.outbox) if self.outbox is not None else 0)
 
     def replay(self, apply: Callable[[dict[str, Any]], Any]) -> None:
-        """Apply what is pending, in order; ``apply`` raises ``Retry`` to stop (kept for later)."""
+        """Apply what is pending, in order; ``apply`` raises ``Retry`` to stop (kept for later).
+        A record that meets a lost reply is tried once more at once (it counts once either way):
+        one blip does not hold a backlog back until the next turn of the clock."""
+        def again(record: dict[str, Any]) -> Any:
+            try:
+                return apply(record)
+            except Retry:
+                return apply(record)
+
         while self.memory:
             try:
-                apply(self.memory[0])
+                again(self.memory[0])
             except Retry:
                 return
             except AdmissionError:
                 pass  # refused for good: ``apply`` recorded it
             self.memory.popleft()
         if self.outbox is not None and len(self.outbox):
-            report = self.outbox.replay(apply, transient=(Retry,))
+            report = self.outbox.replay(again, transient=(Retry,))
             if report.applied or report.dead:
                 log.info("outbox_replayed", applied=report.applied, kept=report.kept, dead=report.dead)
 

@@ -384,8 +384,8 @@ class Admission(ClientBase):
                 if self._step("heartbeat", self._beat):
                     next_beat = now + self._tunables["lease_ttl"] / 3
                 self._step("watchdog", self._watchdog)
-                if len(self._pending):
-                    self._step("pending", self.flush)
+            if len(self._pending):  # every turn: a backlog of ledger records drains as Redis answers
+                self._step("pending", self.flush)
             if now >= next_tick:
                 self._step("tick", self.tick)
                 next_tick = now + self._tunables["grow_interval"]
