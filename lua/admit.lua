@@ -29,9 +29,9 @@
 --@include "pool"
 --@include "lanes"
 --@include "seats"
---@include "decide"
 --@include "events"
 --@include "provider"
+--@include "decide"
 
 local SWEEP_PER_ADMIT = 4
 
@@ -83,29 +83,19 @@ return run(function()
 
   -- After a restart the pods' running rounds are unknown until their heartbeats re-assert them.
   if now < cfg.hold_until then reason = 'recovering' end
-  local pv, bud = load_provider(provider), nil
+  local pv = load_provider(provider)
+  local bud = budget(cfg, provider, now, pv)
+  local m = money(cfg, bud, lane, bud and lane_spend(cfg, provider, lane, bud.day), p.meanCost)
   if not reason then
-    -- 1. Closed provider: the day's budget spent closes it until midnight; a closed provider
-    -- admits one probe round every probe_every while nothing runs on this pool.
-    bud = budget(cfg, provider, now, pv)
-    local spent_out = bud and bud.spent >= bud.limit
-    if spent_out and not is_closed(pv, now) then
+    -- 1. and 2. The provider's day (provider.lua gate): the day's budget spent closes the
+    -- provider until midnight; a closed one admits one probe every probe_every while nothing
+    -- runs on this pool; the budget, committed spend counted, and the lane's reserve.
+    if bud and bud.spent >= bud.limit and not is_closed(pv, now) then
       close_provider(cfg, provider, now, 'budget_reached')
       pv = load_provider(provider)
     end
-    if is_closed(pv, now) then
-      -- no probe while our own count says the day's budget is spent: a probe proves nothing
-      -- about that (a new reading with a higher limit does)
-      if probe_due(T, pv, p, now) and not spent_out then probe = true else reason = 'provider-closed' end
-    elseif bud and (bud.left <= 0 or bud.left < p.meanCost) then
-      -- 2. The budget: rounds in flight count at their pool's mean cost, so the day's limit is
-      -- overshot by at most the rounds already running; a round starts only while one more
-      -- round's mean cost is left ...
-      reason = 'budget-spent'
-    elseif bud and bud.left < cfg.lane[lane].reserve * bud.limit then
-      -- ... and a lane whose reserve is no longer left stops there
-      reason = 'budget-reserve'
-    end
+    local g = gate(T, pv, bud, p, now, m)
+    if g == 'probe' then probe = true else reason = g end
   end
   -- 3. Oldest first: a newcomer does not pass the older waiters of its own lane.
   if not reason and L.wait[lane] > 0 then
@@ -113,10 +103,7 @@ return run(function()
     if oldest ~= id then reason = 'behind-older' end
   end
   if not reason and probe then admitted, reason = true, 'probe'
-  elseif not reason then
-    local m = money(cfg, bud, lane, bud and lane_spend(cfg, provider, lane, bud.day), p.meanCost)
-    admitted, reason = decide(cfg, T, p, L, lane, u, guarded_at(m, 0))
-  end
+  elseif not reason then admitted, reason = decide(cfg, T, p, L, lane, u, guarded_at(m, 0)) end
 
   if admitted then
     if ticket then drop_ticket(id, ticket) end

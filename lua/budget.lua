@@ -22,7 +22,7 @@
 --@include "events"
 --@include "provider"
 
-local function money(what, s)
+local function micro_arg(what, s)
   if s == nil or s == '' then return nil end
   local x = check_num(what, s, nil, 0)
   if x ~= math.floor(x) or x > 2 ^ 53 then fail(ERR.BAD_ARG, what .. ' must be whole micro-USD <= 2^53, got ' .. s) end
@@ -31,7 +31,7 @@ end
 
 return run(function()
   local name = check_name('provider', ARGV[1])
-  local limit, spent = money('limit', ARGV[2]), money('spent', ARGV[3])
+  local limit, spent = micro_arg('limit', ARGV[2]), micro_arg('spent', ARGV[3])
   local at = check_num('at', ARGV[4], nil, 0)
   local now = clock(ARGV[5])
   local cfg = load_config(nil)

@@ -12,10 +12,10 @@
 --@include "config"
 --@include "pool"
 --@include "lanes"
---@include "decide"
 --@include "seats"
 --@include "events"
 --@include "provider"
+--@include "decide"
 --@include "census"
 
 return run(function()

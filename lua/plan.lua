@@ -17,10 +17,10 @@
 --@include "config"
 --@include "pool"
 --@include "lanes"
---@include "decide"
 --@include "seats"
 --@include "events"
 --@include "provider"
+--@include "decide"
 
 -- The provider's day first (a closed provider starts only its probe), then the lane rules with
 -- the money context: what admit would do to `wanted` newcomers asking one after another.
@@ -30,12 +30,11 @@ local function plan_here(cfg, pool, lane, wanted, now)
   local p, L = load_pool(T, pool), load_lanes(cfg, pool)
   local pv = load_provider(provider)
   local bud = budget(cfg, provider, now, pv)
-  if is_closed(pv, now) or (bud and bud.spent >= bud.limit) then
-    return (wanted > 0 and L.wait[lane] == 0 and probe_due(T, pv, p, now) and not (bud and bud.spent >= bud.limit))
-      and 1 or 0
-  end
-  return plan(cfg, T, p, L, lane, wanted, money(cfg, bud, lane, bud and lane_spend(cfg, provider, lane, bud.day),
-    p.meanCost))
+  local m = money(cfg, bud, lane, bud and lane_spend(cfg, provider, lane, bud.day), p.meanCost)
+  local g = gate(T, pv, bud, p, now, m)
+  if g == 'probe' then return (wanted > 0 and L.wait[lane] == 0) and 1 or 0 end
+  if g then return 0 end
+  return plan(cfg, T, p, L, lane, wanted, m)
 end
 
 return run(function()

@@ -17,9 +17,9 @@
 --@include "pool"
 --@include "lanes"
 --@include "seats"
---@include "decide"
 --@include "events"
 --@include "provider"
+--@include "decide"
 --@include "census"
 
 return run(function()

@@ -32,10 +32,11 @@ local function census_pool(cfg, T, pool, now, day, starving, p, L, in_flight)
     if run > 0 or wait > 0 or spent[i] then
       local more
       local m = money(cfg, bud, l.name, (tonumber(spent[i]) or 0) + (in_flight[provider][l.name] or 0), p.meanCost)
+      local gated = gate(T, pv, bud, p, now, m)
       if now < cfg.hold_until then
         more = 0 -- the recovery hold
-      elseif closed or (bud and bud.spent >= bud.limit) then
-        more = (wait == 0 and probe_due(T, pv, p, now) and not (bud and bud.spent >= bud.limit)) and 1 or 0 -- its probe
+      elseif gated then
+        more = (gated == 'probe' and wait == 0) and 1 or 0 -- a closed provider's probe, or a refusal
       elseif run > 0 and wait == 0 then
         more = in_a_row(cfg, T, p, r, l.name, run, g_ask[l.name], T.max_estimate, m)
       else

@@ -114,12 +114,7 @@ local function decide(cfg, T, p, L, lane, u, guarded)
 end
 
 -- The money checks along a run of newcomers: newcomer k (0-based) has k more rounds in flight on
--- this pool, each committed at the pool's mean round cost `m.mc`.
-local function budget_ok(m, k) -- check 2: a round's mean cost left, and more than the lane's reserve
-  if not m then return true end
-  local left = m.left - k * m.mc
-  return left > 0 and left >= m.mc and left >= m.reserve_line
-end
+-- this pool, each committed at the pool's mean round cost `m.mc` (budget_ok: provider.lua).
 local function guarded_at(m, k) -- check 6
   return m ~= nil and m.guard_line ~= nil and m.lane_spend + k * m.mc >= m.guard_line
 end

@@ -101,3 +101,29 @@ local function money(cfg, bud, lane, spend, mc)
   return {left = bud.left, reserve_line = l.reserve * bud.limit, mc = mc, lane_spend = spend,
     guard_line = l.floor > 0 and l.floor * bud.limit or nil}
 end
+
+-- Check 2 for the k-th newcomer (0-based) of a run: k more rounds in flight, each committed at
+-- the pool's mean round cost: a round's mean cost left, and more than the lane's reserve.
+local function budget_ok(m, k)
+  if not m then return true end
+  local left = m.left - k * m.mc
+  return left > 0 and left >= m.mc and left >= m.reserve_line
+end
+
+-- Checks 1 and 2 (docs/design.md §5) for a lane's round on pool p, in one place for admit, plan
+-- and the census: nil (on to the lane rules), 'probe' (a closed provider's one probe), or the
+-- refusal: provider-closed, budget-spent, budget-reserve. `m` is the lane's money context
+-- (money() above; plan walks budget_ok along a run of newcomers in decide.lua).
+-- No probe while our own count says the day's budget is spent: a probe proves nothing about
+-- that (a new reading with a higher limit does).
+local function gate(T, pv, bud, p, now, m)
+  local spent_out = bud ~= nil and bud.spent >= bud.limit
+  if is_closed(pv, now) or spent_out then
+    return (not spent_out and probe_due(T, pv, p, now)) and 'probe' or 'provider-closed'
+  end
+  if budget_ok(m, 0) then return nil end
+  -- rounds in flight count at their pool's mean cost, so the day's limit is overshot by at most
+  -- the rounds already running; a round starts only while one more round's mean cost is left,
+  -- and a lane whose reserve is no longer left stops there
+  return (m.left <= 0 or m.left < m.mc) and 'budget-spent' or 'budget-reserve'
+end
