@@ -18,7 +18,7 @@ import redis.asyncio as aredis
 from ._log import get_logger
 
 from . import scripts
-from .base import ClientBase, charge_record
+from .base import CURRENT_ROUND, ClientBase, charge_record
 from .outbox import Retry
 from .classify import outcome_of
 from .client import CONNECT_TIMEOUT, SOCKET_TIMEOUT, Round, fail_fast_options, policy_of
@@ -75,13 +75,28 @@ class AsyncAdmission(ClientBase):
         return self._policy_of(await self.redis.hmget(self.core.config_key, "version", "policy"))
 
     async def tunables(self) -> dict[str, float]:
-        return self._note_tunables(*await self.redis.hmget(self.core.config_key, "version", "tunables"))
+        return self._note_tunables(*await self.redis.hmget(self.core.config_key, *self.POLICY_FIELDS))
 
-    async def try_admit(self, *, lane: str, model: str, round_id: str, agent: str | None = None,
+    async def _know_policy(self) -> None:
+        if self._tunables_version < 0:
+            try:
+                await self.tunables()
+            except UNREACHABLE:
+                pass  # the ask itself will say so
+
+    async def try_admit(self, *, lane: str | None = None, model: str, round_id: str, agent: str | None = None,
                         now: float | None = None, draw: float | None = None, wait: bool = False,
-                        parent: str | None = None, revision: str | None = None) -> Decision:
+                        parent: str | None = None, revision: str | None = None,
+                        alternatives: list[str] | None = None) -> Decision:
+        """As the sync client's: refused on ``model``, the round moves to the first alternative
+        that admits it, in one call (``alternatives``: the ranking; default a Thompson draw)."""
+        await self._know_policy()
+        lane = self._lane(lane, agent)
+        if alternatives is None:
+            alternatives = self._ranking(model, lane, agent)
         call = self.core.admit(lane=lane, model=model, round_id=round_id, agent=agent, now=now, draw=draw,
-                               wait=wait, parent=parent, revision=revision)
+                               wait=wait, parent=parent, revision=revision, alternatives=alternatives,
+                               on_stats=self._note_stats)
         try:
             d = await self._exec(call)
         except UNREACHABLE as exc:
@@ -89,6 +104,13 @@ class AsyncAdmission(ClientBase):
             d = self.core.unavailable(lane=lane, model=model, round_id=round_id)
         if self._note_decision(d, lane, wait):
             self._ensure_clock()
+        if self._stale_tunables(d):  # a new policy: its moves for the next ask
+            try:
+                await self.tunables()
+            except UNREACHABLE:
+                pass
+        if d.moved_from:
+            log.info("round_moved", round=round_id, lane=d.lane, asked=d.moved_from, pool=d.pool, reason=d.reason)
         return d
 
     async def report(self, seat: Seat, *, signal: str, now: float | None = None) -> Released:
@@ -98,7 +120,10 @@ class AsyncAdmission(ClientBase):
                       cost_usd: float | None = None, now: float | None = None, at: float | None = None) -> Released:
         call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now, at=at)
         self._book.drop(seat.id)  # never renewed again, whatever the answer
-        return await self._exec_or_raise(call)
+        released = await self._exec_or_raise(call)
+        if released.stats is not None:
+            self._note_stats({released.pool: released.stats})
+        return released
 
     async def charge(self, seat: Seat, *, cost_usd: float, key: str, at: float | None = None,
                      now: float | None = None) -> Charged:
@@ -138,12 +163,14 @@ class AsyncAdmission(ClientBase):
     async def ledger(self, day: str) -> dict[str, dict[str, float]]:
         return decode_ledger(await self.redis.hgetall(f"adm:{{{self.mesh}}}:spend:{day}"))
 
-    async def admit_waiting(self, *, lane: str, model: str, round_id: str, timeout: float = 600.0,
+    async def admit_waiting(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
                             agent: str | None = None, parent: str | None = None,
                             revision: str | None = None) -> Decision:
         """As the sync client's: every way out that is not an admission (timeout, an error, a
         cancellation such as ``asyncio.timeout``) leaves the book and withdraws the ticket."""
         deadline = time.monotonic() + timeout
+        await self._know_policy()
+        lane = self._lane(lane, agent)
         ask = dict(lane=lane, model=model, round_id=round_id, agent=agent, parent=parent, revision=revision)
         self._check_free(round_id)
         self._book.wait(lane, model, round_id)
@@ -157,8 +184,6 @@ class AsyncAdmission(ClientBase):
                 d = await self.try_admit(**ask, wait=True)
                 if d.admitted:
                     break
-                if self._stale_tunables(d):
-                    await self.tunables()
                 await self._sleep_until_turn(model, round_id, gen, self._retry_after(d), deadline)
                 if time.monotonic() >= deadline:
                     raise WaitTimeout(f"round {round_id} waited {timeout:g}s for {model} (last refusal: {d.reason})")
@@ -188,7 +213,7 @@ class AsyncAdmission(ClientBase):
     async def _wake(self, pool: str | None = None) -> None:
         """Wake the waiters of one pool (a release there), or of every pool (the clock)."""
         async with self._lock:
-            for p in [pool] if pool else list(self._wakers):
+            for p in self._woken(pool) if pool else list(self._wakers):
                 self._gens[p] = self._gens.get(p, 0) + 1
                 self._waker(p).notify_all()
 
@@ -205,12 +230,15 @@ class AsyncAdmission(ClientBase):
                 raise
 
     @contextlib.asynccontextmanager
-    async def round(self, *, lane: str, model: str, round_id: str, timeout: float = 600.0,
+    async def round(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
                     agent: str | None = None, parent: str | None = None,
                     revision: str | None = None) -> AsyncIterator[AsyncRound]:
+        """As the sync client's; a nested ``round()`` in this task (or a task it starts) is this
+        round's delegated sub-round."""
         d = self._own(await self.admit_waiting(lane=lane, model=model, round_id=round_id, timeout=timeout,
-                                               agent=agent, parent=parent, revision=revision))
+                                               agent=agent, parent=self._parent(parent), revision=revision))
         handle, started = AsyncRound(self, d), time.monotonic()  # type: ignore[arg-type]
+        token = CURRENT_ROUND.set(d.round_id)
         try:
             yield handle
         except BaseException as exc:
@@ -218,6 +246,9 @@ class AsyncAdmission(ClientBase):
             raise
         else:
             await self._finish(handle, handle.outcome or "clean", started, raising=True)
+        finally:
+            with contextlib.suppress(ValueError):  # exited in another context than entered
+                CURRENT_ROUND.reset(token)
 
     async def _finish(self, handle: Round, outcome: str, started: float, raising: bool) -> None:
         self._book.drop(handle.seat.id)
@@ -336,8 +367,14 @@ class AsyncAdmission(ClientBase):
     async def census(self, now: float | None = None) -> dict[str, Any]:
         return await self._exec_or_raise(self.core.census(now))
 
-    async def plan(self, *, lane: str, model: str, wanted: int, now: float | None = None) -> int:
-        return sum((await self._exec_or_raise(self.core.plan(lane=lane, pools=[model], wanted=wanted, now=now))).values())
+    async def plan(self, *, lane: str | None = None, model: str, wanted: int, now: float | None = None,
+                   agent: str | None = None) -> int:
+        return sum((await self.plan_pools(lane=lane, pools=[model], wanted=wanted, now=now, agent=agent)).values())
 
-    async def allowance(self, *, lane: str, now: float | None = None, wanted: int = 10_000) -> int:
-        return sum((await self._exec_or_raise(self.core.plan(lane=lane, pools=None, wanted=wanted, now=now))).values())
+    async def plan_pools(self, *, lane: str | None = None, pools: list[str] | None, wanted: int,
+                         now: float | None = None, agent: str | None = None) -> dict[str, int]:
+        return await self._exec_or_raise(self.core.plan(lane=lane, pools=pools, wanted=wanted, now=now, agent=agent))
+
+    async def allowance(self, *, lane: str | None = None, now: float | None = None, wanted: int = 10_000,
+                        agent: str | None = None) -> int:
+        return sum((await self.plan_pools(lane=lane, pools=None, wanted=wanted, now=now, agent=agent)).values())

@@ -14,7 +14,8 @@ Never off the EU route (``may_move_to``). A model in no tier has no defaults. An
 (by pool, else by model) replaces the defaults; it too keeps to the EU route and never lists the
 pool itself.
 
-Only the lists are computed here; the runtime fallback that uses them is not built yet.
+Only the lists are computed here, when a policy is applied (``Core.apply`` stores them in the
+config hash); ``lua/admit.lua`` tries them in the client's Thompson ranking.
 """
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
+from contextvars import ContextVar
 from dataclasses import astuple
 from pathlib import Path
 from typing import Any, Callable
@@ -25,6 +26,11 @@ log = get_logger("admission")
 #: clock): rounds asking across a failover are admitted within about this of the promotion.
 RETRY_UNAVAILABLE = 0.5
 RECOVERING = "recovering"  # the refusal during the recovery hold (its end wakes nobody)
+#: The round this task or thread holds (inside ``round()``): a nested ``round()`` is its
+#: delegated sub-round unless it names another ``parent`` ("" = none). asyncio tasks inherit
+#: it; a new thread starts without one (pass ``parent=`` there, or run it in a copied context).
+CURRENT_ROUND: ContextVar[str | None] = ContextVar("admission_current_round", default=None)
+NO_MOVES: dict[str, Any] = {"alternatives": {}, "pinLanes": [], "pinAgents": [], "agents": {}}
 #: Ledger records kept in memory (no outbox, or a full one) for a retry while Redis cannot apply
 #: them. Past this the oldest is dropped with an error in the log.
 MAX_PENDING = 10_000
@@ -110,12 +116,55 @@ class ClientBase:
         self._gens: dict[str, int] = {}  # per pool: wake-ups so far (a waiter compares before/after its ask)
         self._tunables: dict[str, float] = {k: v[0] for k, v in policy_mod.TUNABLES.items()}
         self._tunables_version = -1
+        self._moves: dict[str, Any] = NO_MOVES  # the live alternatives, pins and lanes of agents
+        self._movers: dict[str, set[str]] = {}  # pool -> the pools that list it as an alternative
+        self._stats: dict[str, tuple[float, float, float]] = {}  # pool -> successes, failures, mean USD
 
-    def _note_tunables(self, version: Any, raw: Any) -> dict[str, float]:
-        """Keep the live tunables; re-decoded only when the policy version changed."""
+    #: What the clients read of the config hash for the live tunables and moves.
+    POLICY_FIELDS = ("version", "tunables", "moves")
+
+    def _note_tunables(self, version: Any, raw: Any, moves: Any = None) -> dict[str, float]:
+        """Keep the live tunables and moves; re-decoded only when the policy version changed."""
         if raw and int(version) != self._tunables_version:
             self._tunables, self._tunables_version = json.loads(raw), int(version)
+            mv = json.loads(moves) if moves else {}
+            self._moves = {k: (mv.get(k) if isinstance(mv.get(k), type(v)) else v) for k, v in NO_MOVES.items()}
+            movers: dict[str, set[str]] = {}
+            for pool, alts in self._moves["alternatives"].items():
+                for alt in alts:
+                    movers.setdefault(alt, set()).add(pool)
+            self._movers = movers
         return self._tunables
+
+    # -- moving between pools (DESIGN §7) -----------------------------------------------------
+    def _lane(self, lane: str | None, agent: str | None) -> str:
+        """The lane a round asks on: its own, else its agent's ([agents]); the script decides
+        (this is the pod's copy, for its book)."""
+        return lane or (self._moves["agents"].get(agent or "", "") if agent else "")
+
+    def _pinned(self, lane: str, agent: str | None) -> bool:
+        return lane in self._moves["pinLanes"] or bool(agent and agent in self._moves["pinAgents"])
+
+    def _ranking(self, pool: str, lane: str, agent: str | None) -> list[str]:
+        """The pool's alternatives ranked by a Thompson draw over their last known outcome counts
+        and mean cost; none for a hard pin (the script checks both again)."""
+        alts = self._moves["alternatives"].get(pool, [])
+        if not alts or self._pinned(lane, agent):
+            return []
+        return self.core.rank(alts, self._stats, self._tunables["cost_scale"])
+
+    def _note_stats(self, stats: dict[str, tuple[float, float, float]]) -> None:
+        self._stats.update(stats)
+
+    def _woken(self, pool: str) -> list[str]:
+        """The pools whose waiters a release on ``pool`` may admit: its own and the pools that
+        list it as an alternative (a waiter re-asks across its alternatives)."""
+        return [pool, *sorted(self._movers.get(pool, ()))]
+
+    @staticmethod
+    def _parent(parent: str | None) -> str | None:
+        """The parent a round names, else the round this task holds (a nested round)."""
+        return (parent or None) if parent is not None else CURRENT_ROUND.get()
 
     def _stale_tunables(self, d: Decision) -> bool:
         """The answer came under another policy version than the tunables this pod holds."""

@@ -22,7 +22,7 @@ from redis.retry import Retry as RedisRetry
 from . import policy as policy_mod
 from . import scripts
 from ._log import get_logger
-from .base import ClientBase, charge_record
+from .base import CURRENT_ROUND, ClientBase, charge_record
 from .classify import outcome_of
 from .outbox import Retry
 from .core import UNREACHABLE, Call, Charged, Core, Decision, Released, Rollover, Seat, Tick, decode_ledger
@@ -117,18 +117,36 @@ class Admission(ClientBase):
         return self._policy_of(self.redis.hmget(self.core.config_key, "version", "policy"))
 
     def tunables(self) -> dict[str, float]:
-        """The live tunables (re-read when the policy version changes)."""
-        return self._note_tunables(*self.redis.hmget(self.core.config_key, "version", "tunables"))
+        """The live tunables (re-read when the policy version changes), and with them the
+        alternatives, pins and lanes of agents."""
+        return self._note_tunables(*self.redis.hmget(self.core.config_key, *self.POLICY_FIELDS))
+
+    def _know_policy(self) -> None:
+        """The first ask of this client reads the live moves once (the clock keeps them)."""
+        if self._tunables_version < 0:
+            try:
+                self.tunables()
+            except UNREACHABLE:
+                pass  # the ask itself will say so
 
     # -- one round -----------------------------------------------------------------------------
-    def try_admit(self, *, lane: str, model: str, round_id: str, agent: str | None = None,
+    def try_admit(self, *, lane: str | None = None, model: str, round_id: str, agent: str | None = None,
                   now: float | None = None, draw: float | None = None, wait: bool = False,
-                  parent: str | None = None, revision: str | None = None) -> Decision:
+                  parent: str | None = None, revision: str | None = None,
+                  alternatives: list[str] | None = None) -> Decision:
         """Ask once. ``wait=True`` leaves a waiter ticket when refused (renewed by this pod's
         heartbeat). An unreachable Redis gives a refusal with reason ``admission-unavailable``.
-        A refused try (``wait=False``) changes nothing: a waiter elsewhere keeps its place."""
+        A refused try (``wait=False``) changes nothing: a waiter elsewhere keeps its place.
+        ``lane`` may be left out when the policy names the agent's lane ([agents]).
+        Refused on ``model``, the round moves to the first of the pool's alternatives that admits
+        it, in one call: ``alternatives`` ranks them (default: a Thompson draw; [] = stay)."""
+        self._know_policy()
+        lane = self._lane(lane, agent)
+        if alternatives is None:
+            alternatives = self._ranking(model, lane, agent)
         call = self.core.admit(lane=lane, model=model, round_id=round_id, agent=agent, now=now, draw=draw,
-                               wait=wait, parent=parent, revision=revision)
+                               wait=wait, parent=parent, revision=revision, alternatives=alternatives,
+                               on_stats=self._note_stats)
         try:
             d = self._exec(call)
         except UNREACHABLE as exc:
@@ -138,6 +156,13 @@ class Admission(ClientBase):
             clock = self._note_decision(d, lane, wait)
         if clock:
             self._ensure_clock()
+        if self._stale_tunables(d):  # a new policy: its moves for the next ask
+            try:
+                self.tunables()
+            except UNREACHABLE:
+                pass
+        if d.moved_from:
+            log.info("round_moved", round=round_id, lane=d.lane, asked=d.moved_from, pool=d.pool, reason=d.reason)
         return d
 
     def report(self, seat: Seat, *, signal: str, now: float | None = None) -> Released:
@@ -153,7 +178,10 @@ class Admission(ClientBase):
         call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now, at=at)
         with self._cond:
             self._book.drop(seat.id)
-        return self._exec_or_raise(call)
+        released = self._exec_or_raise(call)
+        if released.stats is not None:
+            self._note_stats({released.pool: released.stats})
+        return released
 
     def charge(self, seat: Seat, *, cost_usd: float, key: str, at: float | None = None,
                now: float | None = None) -> Charged:
@@ -195,12 +223,15 @@ class Admission(ClientBase):
         """The spend ledger of a UTC day (YYYY-MM-DD): {lane: {provider: USD}}."""
         return decode_ledger(self.redis.hgetall(f"adm:{{{self.mesh}}}:spend:{day}"))
 
-    def admit_waiting(self, *, lane: str, model: str, round_id: str, timeout: float = 600.0,
+    def admit_waiting(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
                       agent: str | None = None, parent: str | None = None, revision: str | None = None) -> Decision:
         """Ask, and when refused wait as a waiter until admitted or ``timeout`` (WaitTimeout).
+        The waiter re-asks across the pool's alternatives, woken by a release on any of them.
         Every way out that is not an admission (timeout, an error, an interrupt) removes the
         waiter from the pod's book and withdraws its ticket."""
         deadline = time.monotonic() + timeout
+        self._know_policy()
+        lane = self._lane(lane, agent)
         ask = dict(lane=lane, model=model, round_id=round_id, agent=agent, parent=parent, revision=revision)
         with self._cond:
             self._check_free(round_id)
@@ -216,8 +247,6 @@ class Admission(ClientBase):
                 d = self.try_admit(**ask, wait=True)
                 if d.admitted:
                     break
-                if self._stale_tunables(d):
-                    self.tunables()  # the policy's own interval, not the default
                 self._sleep_until_turn(model, round_id, gen, self._retry_after(d), deadline)
                 if time.monotonic() >= deadline:
                     raise WaitTimeout(f"round {round_id} waited {timeout:g}s for {model} (last refusal: {d.reason})")
@@ -247,9 +276,10 @@ class Admission(ClientBase):
         return self._wakers[pool]
 
     def _wake(self, pool: str | None = None) -> None:
-        """Wake the waiters of one pool (a release there), or of every pool (the clock)."""
+        """Wake the waiters of one pool (a release there) and of the pools that list it as an
+        alternative, or of every pool (the clock)."""
         with self._cond:
-            for p in [pool] if pool else list(self._wakers):
+            for p in self._woken(pool) if pool else list(self._wakers):
                 self._gens[p] = self._gens.get(p, 0) + 1
                 self._waker(p).notify_all()
 
@@ -263,12 +293,16 @@ class Admission(ClientBase):
             log.info("withdraw_failed", round=round_id, error=repr(exc))
 
     @contextlib.contextmanager
-    def round(self, *, lane: str, model: str, round_id: str, timeout: float = 600.0,
+    def round(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
               agent: str | None = None, parent: str | None = None, revision: str | None = None) -> Iterator[Round]:
-        """Wait for a seat, keep it alive, release it on exit with the classified outcome."""
+        """Wait for a seat, keep it alive, release it on exit with the classified outcome.
+        Inside, a nested ``round()`` is this round's delegated sub-round (``parent`` defaults to
+        the round held here; ``parent=""`` for none). The round may run on an alternative of
+        ``model``: ``handle.pool`` says where."""
         d = self._own(self.admit_waiting(lane=lane, model=model, round_id=round_id, timeout=timeout,
-                                         agent=agent, parent=parent, revision=revision))
+                                         agent=agent, parent=self._parent(parent), revision=revision))
         handle, started = Round(self, d), time.monotonic()
+        token = CURRENT_ROUND.set(d.round_id)
         try:
             yield handle
         except BaseException as exc:
@@ -276,6 +310,9 @@ class Admission(ClientBase):
             raise
         else:
             self._finish(handle, handle.outcome or "clean", started, raising=True)
+        finally:
+            with contextlib.suppress(ValueError):  # exited in another context than entered
+                CURRENT_ROUND.reset(token)
 
     def _finish(self, handle: Round, outcome: str, started: float, raising: bool) -> None:
         """The round ended: its seat leaves the book at once; the release is applied now, or kept
@@ -408,10 +445,19 @@ class Admission(ClientBase):
         """Rebuild and return the read model (also stored in the ``census`` key)."""
         return self._exec_or_raise(self.core.census(now))
 
-    def plan(self, *, lane: str, model: str, wanted: int, now: float | None = None) -> int:
-        """How many of ``wanted`` new rounds of ``lane`` would start now on ``model``; nothing seated."""
-        return sum(self._exec_or_raise(self.core.plan(lane=lane, pools=[model], wanted=wanted, now=now)).values())
+    def plan(self, *, lane: str | None = None, model: str, wanted: int, now: float | None = None,
+             agent: str | None = None) -> int:
+        """How many of ``wanted`` new rounds of ``lane`` would start now on ``model`` or, moving,
+        on its alternatives (not for a hard pin); nothing seated."""
+        return sum(self.plan_pools(lane=lane, pools=[model], wanted=wanted, now=now, agent=agent).values())
 
-    def allowance(self, *, lane: str, now: float | None = None, wanted: int = 10_000) -> int:
+    def plan_pools(self, *, lane: str | None = None, pools: list[str] | None, wanted: int,
+                   now: float | None = None, agent: str | None = None) -> dict[str, int]:
+        """Plan per pool: the pools asked for (None: the lane's), then the alternatives that would
+        take some of the rest."""
+        return self._exec_or_raise(self.core.plan(lane=lane, pools=pools, wanted=wanted, now=now, agent=agent))
+
+    def allowance(self, *, lane: str | None = None, now: float | None = None, wanted: int = 10_000,
+                  agent: str | None = None) -> int:
         """What a lane that starts work paces itself by: plan over the lane's pools."""
-        return sum(self._exec_or_raise(self.core.plan(lane=lane, pools=None, wanted=wanted, now=now)).values())
+        return sum(self.plan_pools(lane=lane, pools=None, wanted=wanted, now=now, agent=agent).values())

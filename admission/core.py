@@ -10,11 +10,12 @@ import math
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import redis
 
+from .alternatives import alternatives as alternatives_of
 from .codes import OUTCOMES, REPORT_SIGNALS, UNAVAILABLE, Status
 from .errors import BadArgument, BadName, ScriptError, from_reply
 
@@ -48,9 +49,15 @@ class Decision:
     slots: int = 0
     config_version: int = 0
     waiting_since: float | None = None  # refused: the waiter's place in its queue (enqueue time)
+    asked: str = ""  # the pool asked for ("" = ``pool``): admitted elsewhere, the round moved
 
     def __bool__(self) -> bool:
         return self.admitted
+
+    @property
+    def moved_from(self) -> str | None:
+        """The pool the round asked for, when it runs on one of its alternatives."""
+        return self.asked if self.admitted and self.asked and self.asked != self.pool else None
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,7 @@ class Released:
     pool: str
     decreased: bool
     estimate: float | None
+    stats: tuple[float, float, float] | None = None  # the pool's successes, failures, mean cost (USD)
 
 
 @dataclass(frozen=True)
@@ -175,6 +183,8 @@ def decode_census(raw: Any) -> dict[str, Any]:
     for p in doc["pools"]:
         p["lanes"] = empty_list(p.get("lanes"))
         p["mustYield"] = empty_list(p.get("mustYield"))
+        p["alternatives"] = empty_list(p.get("alternatives"))
+        p.setdefault("hardPinned", None)  # no hard-pinned round waits here
         for k in ("budgetSpentUsd", "budgetLimitUsd", "budgetAt", "committedUsd"):
             p.setdefault(k, None)  # no budget today
         for lane in p["lanes"]:
@@ -199,29 +209,52 @@ class Core:
         return Call(script, [self.config_key], args, decode)
 
     # -- admission -------------------------------------------------------------------------
-    def admit(self, *, lane: str, model: str, round_id: str, agent: str | None = None,
+    def admit(self, *, lane: str | None, model: str, round_id: str, agent: str | None = None,
               now: float | None = None, draw: float | None = None, wait: bool = True,
-              parent: str | None = None, revision: str | None = None) -> Call:
+              parent: str | None = None, revision: str | None = None,
+              alternatives: Iterable[str] = (), on_stats: Any = None) -> Call:
+        """``alternatives``: the pool's alternatives, best first (``rank``); ``on_stats`` receives
+        the outcome counts of the alternatives the script looked at ({pool: (succ, fail, USD)})."""
         if draw is None:
             draw = float(self.rng.random())
         elif isinstance(draw, bool) or not isinstance(draw, (int, float)) or not 0 <= draw < 1:
             raise BadArgument(f"draw must be a number in [0, 1), got {draw!r}")
-        args = [round_id, lane, model, self.pod, agent or "", _now(now), repr(float(draw)),
-                "1" if wait else "0", parent or "", revision or ""]
+        args = [round_id, lane or "", model, self.pod, agent or "", _now(now), repr(float(draw)),
+                "1" if wait else "0", parent or "", revision or "", *alternatives]
 
         def decode(r):
-            status, reason, pool, rid, seq, lane_, est, running, slots, version, at, holder = r
+            status, reason, pool, rid, seq, lane_, est, running, slots, version, at, holder, asked, stats = r
             admitted, at = int(status) == Status.ADMITTED, float(_s(at))
+            if on_stats is not None and stats:
+                on_stats({_s(stats[i]): (float(_s(stats[i + 1])), float(_s(stats[i + 2])),
+                                         float(_s(stats[i + 3])) / 1e6) for i in range(0, len(stats), 4)})
             # same-intent from another pod: the seat is that pod's (this pod must not run the round)
             seat = Seat(_s(rid), int(seq), _s(pool), _s(lane_), _s(holder), at) if admitted else None
             return Decision(admitted, _s(reason), _s(rid), _s(lane_), _s(pool), seat, float(_s(est)),
-                            int(running), int(slots), int(version), None if admitted else at)
+                            int(running), int(slots), int(version), None if admitted else at, _s(asked))
 
         return self._call("admit", args, decode)
 
-    def unavailable(self, *, lane: str, model: str, round_id: str, **_: Any) -> Decision:
+    def rank(self, alternatives: Iterable[str], stats: Mapping[str, tuple[float, float, float]],
+             cost_scale: float) -> list[str]:
+        """Thompson sampling (DESIGN §7): for each alternative draw θ ~ Beta(successes + 1,
+        failures + 1) and score θ / (1 + mean cost / cost_scale); best first. An unexplored pool
+        draws from Beta(1, 1), so the choice keeps exploring."""
+        alts = list(alternatives)
+        if len(alts) < 2:
+            return alts
+        succ = np.empty(len(alts))
+        fail = np.empty(len(alts))
+        cost = np.empty(len(alts))
+        for i, p in enumerate(alts):
+            succ[i], fail[i], cost[i] = stats.get(p, (0.0, 0.0, 0.0))
+        theta = self.rng.beta(succ + 1, fail + 1)
+        score = theta / (1 + cost / cost_scale)
+        return [alts[i] for i in np.argsort(-score, kind="stable")]
+
+    def unavailable(self, *, lane: str | None, model: str, round_id: str, **_: Any) -> Decision:
         """The shed decision when Redis cannot be reached: never a silent admit."""
-        return Decision(False, UNAVAILABLE, round_id, lane, model)
+        return Decision(False, UNAVAILABLE, round_id, lane or "", model, asked=model)
 
     def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
                 cost_usd: float | None = None, now: float | None = None, at: float | None = None) -> Call:
@@ -232,7 +265,9 @@ class Core:
                 _epoch("at", at)]
 
         def decode(r):
-            return Released(Status(int(r[0])), _s(r[1]), bool(int(r[2])), float(_s(r[3])) if _s(r[3]) else None)
+            stats = (float(_s(r[4])), float(_s(r[5])), float(_s(r[6])) / 1e6) if _s(r[4]) else None
+            return Released(Status(int(r[0])), _s(r[1]), bool(int(r[2])), float(_s(r[3])) if _s(r[3]) else None,
+                            stats)
 
         return self._call("release", args, decode)
 
@@ -306,10 +341,11 @@ class Core:
     def census(self, now: float | None = None) -> Call:
         return self._call("census", [_now(now)], decode_census)
 
-    def plan(self, *, lane: str, pools: list[str] | None, wanted: int, now: float | None = None) -> Call:
+    def plan(self, *, lane: str | None, pools: list[str] | None, wanted: int, now: float | None = None,
+             agent: str | None = None) -> Call:
         if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0:
             raise BadArgument(f"wanted must be a whole number >= 0, got {wanted!r}")
-        args = [lane, str(wanted), _now(now), *(pools if pools is not None else ["*"])]
+        args = [lane or "", str(wanted), _now(now), agent or "", *(pools if pools is not None else ["*"])]
 
         def decode(r):
             return {_s(r[i]): int(r[i + 1]) for i in range(1, len(r), 2)}
@@ -320,7 +356,7 @@ class Core:
               recovery_hold: bool = True, now: float | None = None) -> Call:
         token = uuid.uuid4().hex  # a new policy is new to every cache, even after a wipe
         args = ["" if expected_version is None else str(expected_version), json.dumps(policy), token,
-                _now(now), "1" if recovery_hold else "0"]
+                _now(now), "1" if recovery_hold else "0", json.dumps(alternatives_of(policy))]
         return self._call("apply_config", args, lambda r: Applied(int(r[1]), float(_s(r[2]))))
 
     # -- errors ------------------------------------------------------------------------------

@@ -59,6 +59,10 @@ _PROVIDER_KEYS = {"route", "kind", "daily_limit_usd", "budget_reader", "budget_u
 BUDGET_READERS = ("openrouter",)
 _POOL_KEYS = {"tier", "tokens"}
 _PIN_KEYS = {"lanes", "agents"}
+#: The default tiers (DESIGN §7) when a policy has no ``[tiers]``: one per model family token, so
+#: the same family on another provider (or a newer version of it) is the fallback, and nothing is
+#: guessed across families. ``[tiers]`` replaces them; ``tiers = {}`` turns the defaults off.
+DEFAULT_TIERS: dict[str, list[str]] = {"opus": ["opus"], "sonnet": ["sonnet"], "haiku": ["haiku"]}
 #: A name (tier, agent, lane, model) holds what lua/include/util.lua's check_name accepts.
 _NAME = re.compile(r"^[A-Za-z0-9._\-/:@#]{1,200}$")
 
@@ -198,7 +202,7 @@ def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
     if clock not in CLOCKS:
         raise PolicyError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
     lane_names = {l["name"] for l in lanes}
-    tiers = _tiers(raw.get("tiers", {}), pools)
+    tiers = _tiers(raw.get("tiers", DEFAULT_TIERS), pools)
     alternatives = _alternatives(raw.get("alternatives", {}), pools, providers)
     pins = _pins(raw.get("pins", {}), lane_names)
     agents = _agents(raw.get("agents", {}), lane_names)

@@ -37,6 +37,14 @@ def render_census(doc: dict[str, Any]) -> str:
             lines.append(f"    {l['lane']:<12} running {l['running']:>3}  waiting {l['waiting']:>3}  "
                          f"guaranteed {l['guaranteed']:>3}  borrowed {l['borrowed']:>3}  bound {l['bound']:>3}  "
                          f"delegated {l['delegated']:>2}  spent today ${l['spentTodayUsd']:.2f}{reserve}{wait}")
+        if p.get("alternatives") or p.get("movedIn") or p.get("movedOut"):
+            alts = ", ".join(p.get("alternatives") or []) or "none"
+            lines.append(f"    moves: running here after a move {p.get('moved', 0)}, moved in {p.get('movedIn', 0)}, "
+                         f"moved out {p.get('movedOut', 0)}; alternatives: {alts}")
+        if p.get("hardPinned"):
+            hp = p["hardPinned"]
+            lines.append(f"    hard-pinned to {hp['to']}: {hp['waiting']} waiting, oldest "
+                         f"{doc['at'] - hp['oldestWaitingSince']:.0f}s")
         if p["mustYield"]:
             yielders = ", ".join(f"{y['lane']} ({y['borrowed']})" for y in p["mustYield"])
             lines.append(f"    must yield at their next round: {yielders}; owed {p['owed']}")
@@ -44,6 +52,10 @@ def render_census(doc: dict[str, Any]) -> str:
         if s["kind"] == "provider-closed":
             lines.append(f"STARVING provider-closed: {s['provider']} ({s['why']}) with {s['waiting']} waiting on "
                          f"{s['pool']} until {time.strftime('%H:%M', time.gmtime(s['closedUntil']))}Z")
+            continue
+        if s["kind"] == "pinned":
+            lines.append(f"STARVING pinned: {s['waiting']} hard-pinned round(s) waiting for {s['pool']} since "
+                         f"{time.strftime('%H:%M:%S', time.gmtime(s['waitingSince']))}Z")
             continue
         lines.append(f"STARVING {s['kind']}: lane {s.get('lane')} on {s.get('pool')} waiting since "
                      f"{time.strftime('%H:%M:%S', time.gmtime(s['waitingSince']))}Z")

@@ -1,23 +1,37 @@
 --[[
-  admit — decide whether one round may start now on one pool; seat it, or give it a ticket.
+  admit — decide whether one round may start now, on the pool it asks for or on one of that
+  pool's alternatives; seat it, or give it a ticket on the pool it asked for.
 
   KEYS[1]  adm:{<mesh>}:config   (every other key is derived from it, same hash tag)
   ARGV[1]  round id (the intent id; also the seat id)
-  ARGV[2]  lane
-  ARGV[3]  pool  (model@provider, in the catalog)
+  ARGV[2]  lane ('' = the lane of the agent, [agents] in the policy)
+  ARGV[3]  pool  (model@provider, in the catalog): the pool asked for
   ARGV[4]  pod
   ARGV[5]  agent (may be empty)
   ARGV[6]  now, epoch seconds ('' = Redis TIME)
   ARGV[7]  draw u in [0, 1) for the marginal admission (the client draws it)
   ARGV[8]  wait: 1 = a refused round becomes a waiter (ticket with a lease), 0 = only try
-  ARGV[9]  parent round id (may be empty)
+  ARGV[9]  parent round id (may be empty): a round whose parent holds a live seat is delegated
   ARGV[10] revision (may be empty)
+  ARGV[11..] the pool's alternatives as the client ranked them (Thompson sampling, best first;
+           at most 1000). Only the pool's configured alternatives are tried, in this order; a
+           hard-pinned lane or agent tries none.
 
-  Reply: {status, reason, pool, seat id, seq, lane, est, running, slots, config version, at, pod}
+  Order (docs/design.md §5, §7): 0 delegated (parent seated: admitted at once on the parent's
+  lane, only a closed provider refuses it); then on the pool asked for and, while refused, on
+  each ranked alternative: 1-2 the provider's day, 3 oldest first, 4-8 the lane rules. The round
+  is seated on the first candidate that admits it, in this one call; refused everywhere, it
+  waits on the pool it asked for (the refusal is that pool's).
+
+  Reply: {status, reason, pool, seat id, seq, lane, est, running, slots, config version, at, pod,
+          asked, stats}
+    pool: where the round runs (admitted) or waits (refused); asked: the pool asked for
     at: when admitted, the admission time; when refused, the waiter's enqueue time (its place in
-    the queue; `now` when it holds no ticket)
+      the queue; `now` when it holds no ticket)
     pod: the pod that holds the seat (same-intent: possibly another pod than the asker)
-    status ADMITTED with reason probe | within-floor | overdraft | borrowed | same-intent
+    stats: {pool, successes, failures, mean cost (micro-USD), ...} of every alternative this call
+      looked at (what the client's next Thompson draw needs)
+    status ADMITTED with reason probe | within-floor | overdraft | borrowed | delegated | same-intent
     status REFUSED  with reason recovering | provider-closed | budget-reserve | budget-spent |
                     behind-older | reserved | fair-share | cost-guard | full | draw
     (a refused try, wait = 0, leaves a waiter's ticket on another pool or lane where it is)
@@ -34,27 +48,27 @@
 --@include "decide"
 
 local SWEEP_PER_ADMIT = 4
+local MAX_CANDIDATES = 1000
 
 return run(function()
   local id = check_name('round id', ARGV[1])
-  local pool = ARGV[3]
-  local cfg = load_config(pool)
-  local lane = check_lane(cfg, ARGV[2])
-  check_pool(pool, cfg.provider)
-  local pod = check_name('pod', ARGV[4])
+  local asked = ARGV[3]
+  local cfg = load_config(asked)
   local agent = check_name('agent', ARGV[5], true)
+  local lane = check_lane(cfg, lane_of(cfg, ARGV[2], agent))
+  check_pool(asked, cfg.provider)
+  local pod = check_name('pod', ARGV[4])
   local now = clock(ARGV[6])
   local u = check_num('draw', ARGV[7])
   if u < 0 or u >= 1 then fail(ERR.BAD_ARG, 'draw must be in [0, 1), got ' .. ARGV[7]) end
   local want_wait = check_one_of('wait', ARGV[8], {['0'] = true, ['1'] = true}) == '1'
   local parent = check_name('parent', ARGV[9], true)
   local rev = check_name('revision', ARGV[10], true)
+  if #ARGV - 10 > MAX_CANDIDATES then fail(ERR.BAD_ARG, 'at most ' .. MAX_CANDIDATES .. ' alternatives') end
+  local ranked = {}
+  for i = 11, #ARGV do ranked[#ranked + 1] = check_name('alternative', ARGV[i]) end
   local T = cfg.T
   -- validated: writes may start
-
-  local function reply(status, reason, seq, p, at)
-    return {status, reason, pool, id, seq, lane, fmt(p.est), p.running, slots(p), cfg.version, fmt(at), pod}
-  end
 
   sweep(now, SWEEP_PER_ADMIT)
 
@@ -67,60 +81,133 @@ return run(function()
     if ticket then drop_ticket(id, ticket) end
     local p = load_pool(T, seat.pool)
     return {STATUS.ADMITTED, 'same-intent', seat.pool, id, tonumber(seat.seq), seat.lane,
-      fmt(p.est), p.running, slots(p), cfg.version, seat.at, seat.pod}
+      fmt(p.est), p.running, slots(p), cfg.version, seat.at, seat.pod,
+      (seat.movedFrom ~= nil and seat.movedFrom ~= '') and seat.movedFrom or seat.pool, {}}
   end
 
-  -- A waiter asking on another pool or lane keeps its place unless it is admitted there, or
-  -- asks to wait there (then it moves).
-  local elsewhere = ticket and (ticket.pool ~= pool or ticket.lane ~= lane)
+  -- 0. Delegated: a round whose parent holds a live seat is part of the parent's work. It runs
+  -- on the parent's lane at once: refusing it could only stall the parent (a nested-resource
+  -- deadlock), so nothing in admission bounds the fan-out.
+  local delegated = false
+  if parent ~= '' and parent ~= id then
+    local ps = read_hash(key('seat', parent))
+    local lease = ps and tonumber(redis.call('ZSCORE', key('seats'), parent))
+    if lease and lease > now then
+      delegated = true
+      if cfg.lane[ps.lane] then lane = ps.lane end
+    end
+  end
+  local pin = pinned(cfg, lane, agent)
 
-  -- Seam for the later issue, in docs/design.md §5 order: 0 delegated.
+  -- The candidates: the pool asked for, then (unless hard-pinned) its configured alternatives
+  -- in the client's ranking. A name that is not (any longer) an alternative of it is skipped.
+  local cands = {asked}
+  if not pin then
+    local allowed, seen = cfg.moves.alt_set[asked] or {}, {[asked] = true}
+    for _, c in ipairs(ranked) do
+      if allowed[c] and not seen[c] then
+        seen[c] = true
+        cands[#cands + 1] = c
+      end
+    end
+  end
 
-  local p = load_pool(T, pool)
-  local L = load_lanes(cfg, pool)
-  local admitted, reason, probe = false, nil, false
-  local provider = cfg.provider
-
-  -- After a restart the pods' running rounds are unknown until their heartbeats re-assert them.
-  if now < cfg.hold_until then reason = 'recovering' end
-  local pv = load_provider(provider)
-  local bud = budget(cfg, provider, now, pv)
-  local m = money(cfg, bud, lane, bud and lane_spend(cfg, provider, lane, bud.day), p.meanCost)
-  if not reason then
-    -- 1. and 2. The provider's day (provider.lua gate): the day's budget spent closes the
-    -- provider until midnight; a closed one admits one probe every probe_every while nothing
-    -- runs on this pool; the budget, committed spend counted, and the lane's reserve.
+  -- The decision on one candidate: admitted, reason, probe, its pool state.
+  local function consider(pool, provider)
+    local p = load_pool(T, pool)
+    local pv = load_provider(provider)
+    local bud = budget(cfg, provider, now, pv)
+    -- the day's budget spent closes the provider until midnight
     if bud and bud.spent >= bud.limit and not is_closed(pv, now) then
       close_provider(cfg, provider, now, 'budget_reached')
       pv = load_provider(provider)
     end
+    if delegated then -- only the closure (closure is not load): it moves a delegated round too
+      local g = gate(T, pv, nil, p, now, nil)
+      if g == 'probe' then return true, 'probe', true, p end
+      if g then return false, g, false, p end
+      return true, 'delegated', false, p
+    end
+    -- After a restart the pods' running rounds are unknown until their heartbeats re-assert them.
+    if now < cfg.hold_until then return false, 'recovering', false, p end
+    -- 1. and 2. The provider's day (provider.lua gate): a closed provider admits one probe every
+    -- probe_every while nothing runs on this pool; the budget, committed spend counted, and the
+    -- lane's reserve.
+    local m = money(cfg, bud, lane, bud and lane_spend(cfg, provider, lane, bud.day), p.meanCost)
     local g = gate(T, pv, bud, p, now, m)
-    if g == 'probe' then probe = true else reason = g end
+    if g and g ~= 'probe' then return false, g, false, p end
+    -- 3. Oldest first: a newcomer does not pass the older waiters of its own lane.
+    local L = load_lanes(cfg, pool)
+    if L.wait[lane] > 0 then
+      local oldest = redis.call('ZRANGE', key('wait', pool, lane), 0, 0)[1]
+      if oldest ~= id then return false, 'behind-older', false, p end
+    end
+    if g == 'probe' then return true, 'probe', true, p end
+    local ok, why = decide(cfg, T, p, L, lane, u, guarded_at(m, 0))
+    return ok, why, false, p
   end
-  -- 3. Oldest first: a newcomer does not pass the older waiters of its own lane.
-  if not reason and L.wait[lane] > 0 then
-    local oldest = redis.call('ZRANGE', key('wait', pool, lane), 0, 0)[1]
-    if oldest ~= id then reason = 'behind-older' end
+
+  local admitted, reason, probe, p, pool
+  local first_reason, first_p
+  local stats = {}
+  for i, c in ipairs(cands) do
+    local provider = i == 1 and cfg.provider or check_pool(c)
+    admitted, reason, probe, p = consider(c, provider)
+    if i > 1 then
+      stats[#stats + 1] = c
+      stats[#stats + 1] = p.succ
+      stats[#stats + 1] = p.fail
+      stats[#stats + 1] = fmt(p.meanCost)
+    end
+    if admitted then
+      pool = c
+      if probe then redis.call('HSET', key('provider', provider), 'lastProbe', fmt(now)) end
+      break
+    end
+    if i == 1 then first_reason, first_p = reason, p end
+    if reason == 'recovering' then break end -- the hold is the mesh's, not one pool's
+    -- oldest first across the alternatives: a newcomer does not move past an older waiter of its
+    -- lane that could move too (it is woken when an alternative frees a slot); past a pinned
+    -- one it may (a pin must not hold the lane's other rounds back)
+    if i == 1 and reason == 'behind-older' then
+      local oldest = redis.call('ZRANGE', key('wait', asked, lane), 0, 0)[1]
+      if not redis.call('ZSCORE', key('pinned', asked), oldest) then break end
+    end
   end
-  if not reason and probe then admitted, reason = true, 'probe'
-  elseif not reason then admitted, reason = decide(cfg, T, p, L, lane, u, guarded_at(m, 0)) end
 
   if admitted then
+    local moved = pool ~= asked
+    -- a pinned round served (not a probe) ends the pinned wait; a probe does not
+    local pinned_since = probe and redis.call('HGET', key('pool', asked), 'pinnedSince')
     if ticket then drop_ticket(id, ticket) end
+    if not probe and p.pinnedSince and (pin or redis.call('ZCARD', key('pinned', pool)) == 0) then
+      redis.call('HDEL', key('pool', pool), 'pinnedSince') -- served, or the pool serves and none is pinned
+    elseif pinned_since then redis.call('HSET', key('pool', asked), 'pinnedSince', pinned_since) end
     p.seq = redis.call('HINCRBY', key('pool', pool), 'seq', 1)
     add_seat(cfg, pool, lane, id, {pod = pod, agent = agent, at = now, seq = p.seq, parent = parent, rev = rev,
-      probe = probe and '1' or ''}, now + T.lease_ttl)
-    if probe then redis.call('HSET', key('provider', provider), 'lastProbe', fmt(now)) end
+      probe = probe and '1' or '', delegated = delegated and parent or '', movedFrom = moved and asked or ''},
+      now + T.lease_ttl)
+    if moved then
+      redis.call('HINCRBY', key('pool', pool), 'movedIn', 1)
+      redis.call('HINCRBY', key('pool', asked), 'movedOut', 1)
+    end
     redis.call('DEL', key('gone', id))
     p.running = p.running + 1
     -- more waiters and a slot still free: wake them now (every pod), not at the next clock
-    local waiting = p.waiting - ((ticket and not elsewhere) and 1 or 0)
-    if waiting > 0 and p.running < slots(p) then wake(pool) end
-    event('admitted', 'round', id, 'lane', lane, 'pool', pool, 'pod', pod, 'reason', reason)
-    return reply(STATUS.ADMITTED, reason, p.seq, p, now)
+    local own = ticket and ticket.pool == pool and ticket.lane == lane
+    if p.waiting - (own and 1 or 0) > 0 and p.running < slots(p) then wake(pool) end
+    event('admitted', 'round', id, 'lane', lane, 'pool', pool, 'pod', pod, 'reason', reason,
+      'asked', asked, 'delegatedBy', delegated and parent or '')
+    return {STATUS.ADMITTED, reason, pool, id, p.seq, lane, fmt(p.est), p.running, slots(p), cfg.version, fmt(now),
+      pod, asked, stats}
   end
 
+  -- Refused everywhere: the round waits on the pool it asked for, with that pool's reason.
+  pool, reason, p = asked, first_reason, first_p
   redis.call('HSET', key('pool', pool), 'lastDemand', fmt(now))
+  -- A waiter asking on another pool or lane keeps its place unless it is admitted there, or
+  -- asks to wait there (then it moves).
+  local elsewhere = ticket and (ticket.pool ~= pool or ticket.lane ~= lane)
   local since = now
   if elsewhere then
     if want_wait then
@@ -133,6 +220,16 @@ return run(function()
   elseif want_wait then
     since = add_ticket(pool, lane, id, pod, agent, now, now + T.lease_ttl)
   end
+  -- a hard-pinned waiter is listed (census: hard-pinned to <pool>; starving past starved_after)
+  if want_wait then
+    if pin then
+      redis.call('ZADD', key('pinned', pool), since, id)
+      redis.call('HSETNX', key('pool', pool), 'pinnedSince', fmt(since))
+    elseif ticket and redis.call('ZREM', key('pinned', pool), id) == 1 and redis.call('ZCARD', key('pinned', pool)) == 0 then
+      redis.call('HDEL', key('pool', pool), 'pinnedSince')
+    end
+  end
   event('refused', 'round', id, 'lane', lane, 'pool', pool, 'pod', pod, 'reason', reason)
-  return reply(STATUS.REFUSED, reason, 0, p, since)
+  return {STATUS.REFUSED, reason, pool, id, 0, lane, fmt(p.est), p.running, slots(p), cfg.version, fmt(since), pod,
+    asked, stats}
 end)

@@ -13,6 +13,11 @@
            persistence), refuse new admissions (`recovering`) for one heartbeat period
            (lease_ttl / 3 + 1 s) so the pods' heartbeats re-assert the rounds still running
            before anything is admitted on top of them; 0 = no hold (a mesh known to be new)
+  ARGV[6]  each pool's alternatives, JSON {pool: [pool, ...]} in order (admission/alternatives.py
+           computes them from the policy's tiers and [alternatives]; '' = none). Checked here
+           too: every name in the catalog, no pool its own alternative, never off the EU route.
+  The policy's `pins` ({lanes, agents}) and `agents` (agent -> lane) are stored with the
+  alternatives in the field `moves` (config.lua), checked against the lanes.
 
   Reply: {status, new version, hold until (0 = none)}
   Errors: ADM_BAD_POLICY, ADM_BAD_NAME, ADM_STALE_VERSION
@@ -75,6 +80,43 @@ return run(function()
     table.insert(providers[p.provider].pools, p.name)
     names[#names + 1] = p.name
   end
+  -- moving between pools (DESIGN §7): alternatives, pins, the lane of an agent
+  local in_catalog = {}
+  for _, p in ipairs(policy.pools) do in_catalog[p.name] = p.provider end
+  local lane_names = {}
+  for _, l in ipairs(policy.lanes) do lane_names[l.name] = true end
+  local ok_alts, alts = pcall(cjson.decode, (ARGV[6] == nil or ARGV[6] == '') and '{}' or ARGV[6])
+  need(ok_alts and type(alts) == 'table', 'alternatives must be a JSON object')
+  local pv_of = policy.providers or {}
+  local function route(name) return type(pv_of[name]) == 'table' and pv_of[name].route or 'global' end
+  local function kind(name) return type(pv_of[name]) == 'table' and pv_of[name].kind or 'direct' end
+  local moves = {alternatives = {}, pinLanes = {}, pinAgents = {}, agents = {}}
+  for pool, list in pairs(alts) do
+    need(type(pool) == 'string' and in_catalog[pool], 'alternatives: ' .. tostring(pool) .. ' is not in the catalog')
+    need(type(list) == 'table', 'alternatives of ' .. pool .. ' must be a list')
+    local src = in_catalog[pool]
+    for _, dst in ipairs(list) do
+      need(type(dst) == 'string' and in_catalog[dst] and dst ~= pool,
+        'alternatives of ' .. pool .. ': ' .. tostring(dst) .. ' is not another pool of the catalog')
+      local d = in_catalog[dst]
+      need(route(src) ~= 'eu' or route(d) == 'eu' or kind(d) == 'direct',
+        'alternatives of ' .. pool .. ': ' .. dst .. ' would take an EU-routed pool to a non-EU router')
+    end
+    if #list > 0 then moves.alternatives[pool] = list end
+  end
+  local pins = policy.pins or {}
+  need(type(pins) == 'table', 'pins must be an object')
+  for _, l in ipairs(pins.lanes or {}) do
+    need(type(l) == 'string' and lane_names[l], 'pins.lanes: ' .. tostring(l) .. ' is not a lane of the policy')
+    moves.pinLanes[#moves.pinLanes + 1] = l
+  end
+  for _, a in ipairs(pins.agents or {}) do moves.pinAgents[#moves.pinAgents + 1] = check_name('agent', a) end
+  need(policy.agents == nil or type(policy.agents) == 'table', 'agents must be an object')
+  for a, l in pairs(policy.agents or {}) do
+    check_name('agent', a)
+    need(type(l) == 'string' and lane_names[l], 'agents.' .. a .. ': ' .. tostring(l) .. ' is not a lane of the policy')
+    moves.agents[a] = l
+  end
   local current = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
   if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= current then
     fail(ERR.STALE_VERSION, 'expected version ' .. ARGV[1] .. ', found ' .. current)
@@ -93,7 +135,7 @@ return run(function()
   if want_hold and current == 0 then hold = now + policy.tunables.lease_ttl / 3 + RECOVERY_MARGIN end
   local fields = {'version', current + 1, 'token', token, 'lanes', cjson.encode(policy.lanes),
     'tunables', cjson.encode(policy.tunables), 'pools', cjson.encode(names), 'policy', ARGV[2],
-    'clock', clock_mode, 'holdUntil', fmt(hold), 'providers', cjson.encode(providers)}
+    'clock', clock_mode, 'holdUntil', fmt(hold), 'providers', cjson.encode(providers), 'moves', cjson.encode(moves)}
   for _, p in ipairs(policy.pools) do
     fields[#fields + 1] = 'pool:' .. p.name
     fields[#fields + 1] = p.provider

@@ -16,7 +16,8 @@
     lanes, the lanes the records name there and the lanes of `lanes:<p>`).
   What it checks:
     every id of `seats`/`tickets` has its record, and every record it reaches has its lease;
-    pool running == seats on the pool, waiting == tickets on it; per lane: `<lane>` == seats,
+    pool running == seats on the pool, waiting == tickets on it, moved == seats that moved there;
+    every member of pinned:<p> is a ticket waiting for p; per lane: `<lane>` == seats,
     `<lane>|w` == tickets, `<lane>|d` == delegated seats; every ticket is in its own queue and
     every queue member is a ticket of that pool and lane; no id is both a seat and a ticket; no
     count is negative or not a number; the records name a lane and a pool.
@@ -24,7 +25,7 @@
   Reply: JSON {ok, seats, tickets, problems: [{kind, ...}]} (kinds: seat-without-record,
     ticket-without-record, seat-not-leased, ticket-not-leased, bad-record, seat-and-ticket,
     pool-count, lane-count, negative, not-a-number, ticket-not-queued, queue-member-without-ticket,
-    queue-member-misplaced, bad-config). An empty problem list may come back as {} (cjson).
+    queue-member-misplaced, pinned-not-waiting, bad-config). An empty problem list may come back as {} (cjson).
   Errors: ADM_BAD_ARG (KEYS[1])
 ]]
 --@include "codes"
@@ -104,7 +105,7 @@ return run(function()
 
   -- what the records say, per pool and lane
   local want = {}  -- pool -> {running, waiting, lanes = {lane -> {run, wait, deleg}}}
-  for _, p in ipairs(pools) do want[p] = {running = 0, waiting = 0, lanes = {}} end
+  for _, p in ipairs(pools) do want[p] = {running = 0, waiting = 0, moved = 0, lanes = {}} end
   local function lane_of(p, lane)
     local w = want[p].lanes[lane]
     if not w then
@@ -117,6 +118,7 @@ return run(function()
     local s = seats[id]
     if s and usable('seat', id, s) then
       want[s.pool].running = want[s.pool].running + 1
+      if s.movedFrom and s.movedFrom ~= '' then want[s.pool].moved = want[s.pool].moved + 1 end
       local w = lane_of(s.pool, s.lane)
       w.run = w.run + 1
       if s.delegated and s.delegated ~= '' then w.deleg = w.deleg + 1 end
@@ -155,7 +157,11 @@ return run(function()
       local n = tonumber(lanes[f])
       if n and n < 0 then problem('negative', {key = lk, field = f, value = n}) end
     end
-    for _, f in ipairs({'running', 'waiting'}) do
+    for _, id in ipairs(redis.call('ZRANGE', key('pinned', p), 0, -1)) do
+      local t = tickets[id] or read_hash(key('ticket', id))
+      if not t or t.pool ~= p then problem('pinned-not-waiting', {pool = p, id = id}) end
+    end
+    for _, f in ipairs({'running', 'waiting', 'moved'}) do
       local n = count(pk, pool_h, f)
       if n and n < 0 then problem('negative', {key = pk, field = f, value = n}) end
       if n and n ~= w[f] then problem('pool-count', {pool = p, field = f, stored = n, records = w[f]}) end

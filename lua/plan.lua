@@ -1,15 +1,20 @@
 --[[
   plan — how many of `wanted` new rounds of a lane would start now on each pool; nothing is
   seated and nothing written. Allowance(lane) is the sum over the lane's pools. O(lanes) per
-  pool, whatever `wanted` and the estimate (decide.lua in_a_row).
+  pool, whatever `wanted` and the estimate (decide.lua in_a_row). Pins, alternatives and
+  closures are honoured as admit honours them: what a pool asked for would not start moves on
+  to its alternatives in the policy's order (never for a hard-pinned lane or agent), each pool
+  counted once.
 
   KEYS[1]  adm:{<mesh>}:config
-  ARGV[1]  lane
+  ARGV[1]  lane ('' = the agent's lane)
   ARGV[2]  wanted (>= 0, whole)
   ARGV[3]  now ('' = Redis TIME)
-  ARGV[4..] pools ('*' alone = the lane's pools: its `pools` list in the policy, else the catalog)
+  ARGV[4]  agent (may be empty: its pin and its lane count)
+  ARGV[5..] pools ('*' alone = the lane's pools: its `pools` list in the policy, else the catalog)
 
-  Reply: {status, pool, n, pool, n, ...}
+  Reply: {status, pool, n, pool, n, ...}: the pools asked for, then the alternatives that
+    would take some of the rest (the total is the sum)
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_LANE, ADM_UNKNOWN_POOL, ADM_NO_CONFIG
 ]]
 --@include "codes"
@@ -39,21 +44,42 @@ end
 
 return run(function()
   local cfg = load_config(nil)
-  local lane = check_lane(cfg, ARGV[1])
+  local agent = check_name('agent', ARGV[4], true)
+  local lane = check_lane(cfg, lane_of(cfg, ARGV[1], agent))
   local wanted = check_num('wanted', ARGV[2], nil, 0)
   if wanted ~= math.floor(wanted) or wanted > 100000 then fail(ERR.BAD_ARG, 'wanted must be a whole number <= 100000') end
   local now = clock(ARGV[3])
   local pools = {}
-  if ARGV[4] == '*' then
+  if ARGV[5] == '*' then
     pools = cfg.lane[lane].pools or catalog()
   else
-    for i = 4, #ARGV do pools[#pools + 1] = ARGV[i] end
+    for i = 5, #ARGV do pools[#pools + 1] = ARGV[i] end
   end
   for _, pool in ipairs(pools) do check_pool(pool) end
-  local out = {STATUS.OK}
+  local out, counted, n = {STATUS.OK}, {}, {}
   for _, pool in ipairs(pools) do
-    out[#out + 1] = pool
-    out[#out + 1] = plan_here(cfg, pool, lane, wanted, now)
+    if not counted[pool] then
+      counted[pool] = true
+      n[pool] = plan_here(cfg, pool, lane, wanted, now)
+      out[#out + 1] = pool
+      out[#out + 1] = n[pool]
+    end
+  end
+  -- what a pool would not start moves on to its alternatives (each pool counted once)
+  if not pinned(cfg, lane, agent) then
+    for _, pool in ipairs(pools) do
+      local rest = wanted - n[pool]
+      for _, alt in ipairs(cfg.moves.alts[pool] or {}) do
+        if rest <= 0 then break end
+        if not counted[alt] then
+          counted[alt] = true
+          local k = plan_here(cfg, alt, lane, rest, now)
+          rest = rest - k
+          out[#out + 1] = alt
+          out[#out + 1] = k
+        end
+      end
+    end
   end
   return out
 end)

@@ -16,7 +16,9 @@
   ARGV[8]  at: when the round ended ('' = now): the UTC day its cost is booked to (a replay from
            the outbox keeps its day)
 
-  Reply: {status, pool, decreased (0/1), est}
+  Reply: {status, pool, decreased (0/1), est, successes, failures, mean cost (micro-USD)}
+    (the pool's outcome counts after this one: what the client's Thompson draws read; '' on a
+    retry)
     status RELEASED, ALREADY_RELEASED (retry; nothing changed) or EXPIRED (lease had run out:
     the outcome counts, the counts were already healed by the sweep)
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_SEAT, ADM_NOT_YOUR_SEAT, ADM_NO_CONFIG
@@ -44,7 +46,7 @@ return run(function()
   if not s then
     local gone = check_owner(id, read_gone(id), seq, pod)
     if not gone then fail(ERR.UNKNOWN_SEAT, 'no seat ' .. id .. ' (never admitted, or gone for a day)') end
-    if gone.state == 'released' then return {STATUS.ALREADY_RELEASED, gone.pool, 0, ''} end
+    if gone.state == 'released' then return {STATUS.ALREADY_RELEASED, gone.pool, 0, '', '', '', ''} end
     cost = check_cost(ARGV[6], gone.lane, gone.pool, at)
     -- expired under a live round (a slow heartbeat): the counts were healed by the sweep; the
     -- round still ran, so count what it saw, once
@@ -52,7 +54,7 @@ return run(function()
     local decreased = apply_outcome(cfg, p, gone, id, now, outcome, seconds, cost, at)
     redis.call('SET', key('gone', id), table.concat({'released', gone.seq, gone.pod, gone.pool, gone.lane}, '|'),
       'KEEPTTL')
-    return {STATUS.EXPIRED, gone.pool, decreased and 1 or 0, fmt(p.est)}
+    return {STATUS.EXPIRED, gone.pool, decreased and 1 or 0, fmt(p.est), fmt(p.succ), fmt(p.fail), fmt(p.meanCost)}
   end
 
   cost = check_cost(ARGV[6], s.lane, s.pool, at)
@@ -61,5 +63,5 @@ return run(function()
   drop_seat(id, s, 'released')
   wake(s.pool)
   event('released', 'round', id, 'pool', s.pool, 'lane', s.lane, 'outcome', outcome, 'seconds', fmt(seconds))
-  return {STATUS.RELEASED, s.pool, decreased and 1 or 0, fmt(p.est)}
+  return {STATUS.RELEASED, s.pool, decreased and 1 or 0, fmt(p.est), fmt(p.succ), fmt(p.fail), fmt(p.meanCost)}
 end)

@@ -1,5 +1,5 @@
-"""Tiers, explicit alternatives, pins and agents (DESIGN §7): validation and the default lists.
-The runtime fallback is not built yet; these are the lists it will use."""
+"""Tiers, explicit alternatives, pins and agents (DESIGN §7): validation and the default lists
+(the runtime fallback that uses them: tests/test_rules_moves.py)."""
 from __future__ import annotations
 
 import subprocess
@@ -91,14 +91,26 @@ def test_explicit_alternatives_replace_the_defaults():
 def test_a_model_in_no_tier_has_no_defaults():
     got = alts(("llama@anthropic", "llama@openrouter", "sonnet@anthropic"), tiers={"mid": ["sonnet"]})
     assert got["llama@anthropic"] == [] and got["llama@openrouter"] == []
-    assert alts(("sonnet@anthropic", "sonnet@openrouter"))["sonnet@anthropic"] == []   # no [tiers]
+    assert alts(("llama@anthropic", "llama@openrouter"))["llama@anthropic"] == []   # default tiers: none
+    assert alts(("sonnet@anthropic", "sonnet@openrouter"), tiers={})["sonnet@anthropic"] == []   # tiers off
+
+
+def test_default_tiers_when_the_policy_has_none():
+    """No [tiers]: one tier per model family (opus, sonnet, haiku), so a family falls back to itself
+    on another provider and to its other versions, never across families."""
+    got = alts(("claude-sonnet-4@anthropic", "claude-sonnet-4@openrouter", "claude-sonnet-4.5@anthropic",
+                "claude-opus-4@anthropic", "claude-haiku@vertex"))
+    assert got["claude-sonnet-4@anthropic"] == ["claude-sonnet-4@openrouter", "claude-sonnet-4.5@anthropic"]
+    assert got["claude-opus-4@anthropic"] == [] and got["claude-haiku@vertex"] == []
+    assert policy_mod.validate(policy())["tiers"] == policy_mod.DEFAULT_TIERS
 
 
 # -- validation -----------------------------------------------------------------------------------
 
 def test_absent_tables_normalize_to_empty_shapes():
     p = policy_mod.validate(policy())
-    assert (p["tiers"], p["alternatives"], p["pins"], p["agents"]) == ({}, {}, {"lanes": [], "agents": []}, {})
+    assert (p["tiers"], p["alternatives"], p["pins"], p["agents"]) == (
+        policy_mod.DEFAULT_TIERS, {}, {"lanes": [], "agents": []}, {})
 
 
 def test_the_tables_are_kept_in_the_normalized_policy():

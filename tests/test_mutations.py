@@ -78,7 +78,7 @@ MUTATIONS = [
     ("first come, first served at the same moment", "include/seats.lua",
      "if newest and tonumber(newest) >= since then since = tonumber(newest) + 1e-6 end", "",
      "test_rules_lanes.py", "same_moment"),
-    ("oldest first", "admit.lua", "if oldest ~= id then reason = 'behind-older' end", "", "test_rules_lanes.py", "oldest_first"),
+    ("oldest first", "admit.lua", "if oldest ~= id then return false, 'behind-older', false, p end", "", "test_rules_lanes.py", "oldest_first"),
     ("starvation", "include/census.lua", "now - row.oldestWaitingSince > T.starved_after", "false",
      "test_rules_lanes.py", "starvation"),
     ("must yield listed", "include/census.lua", "mustYield = owed > 0 and borrowers or {}", "mustYield = {}",
@@ -88,7 +88,7 @@ MUTATIONS = [
      "key('seats'), '-inf', 0, 'LIMIT', 0, limit)", "test_client.py", "killed_pod"),
     ("bounded sweep", "include/seats.lua", "'-inf', now, 'LIMIT', 0, limit)", "'-inf', now)", "test_client.py", "bounded"),
     ("heartbeat renews", "heartbeat.lua", "redis.call('ZADD', key('seats'), until_, s.id)", "", "test_client.py", "heartbeat_renews"),
-    ("release counts once", "release.lua", "if gone.state == 'released' then return {STATUS.ALREADY_RELEASED, gone.pool, 0, ''} end",
+    ("release counts once", "release.lua", "if gone.state == 'released' then return {STATUS.ALREADY_RELEASED, gone.pool, 0, '', '', '', ''} end",
      "", "test_client.py", "release_retried"),
     ("admit sweeps before deciding", "admit.lua", "  sweep(now, SWEEP_PER_ADMIT)\n", "", "test_client.py", "admit_sweeps"),
     # the doctor (lua/doctor.lua): each check it makes
@@ -193,9 +193,9 @@ MUTATIONS = [
      "local elsewhere = ticket and (ticket.pool ~= pool or ticket.lane ~= lane)",
      "local elsewhere = false\n  if ticket and (ticket.pool ~= pool or ticket.lane ~= lane) then drop_ticket(id, ticket); ticket = nil end",
      "test_unbreakable.py", "keeps_the_waiters_place"),
-    ("an admission wakes the next waiters", "admit.lua", "if waiting > 0 and p.running < slots(p) then wake(pool) end", "",
+    ("an admission wakes the next waiters", "admit.lua", "if p.waiting - (own and 1 or 0) > 0 and p.running < slots(p) then wake(pool) end", "",
      "test_unbreakable.py", "wakes_the_next_waiters"),
-    ("recovery hold", "admit.lua", "if now < cfg.hold_until then reason = 'recovering' end", "",
+    ("recovery hold", "admit.lua", "if now < cfg.hold_until then return false, 'recovering', false, p end", "",
      "test_unbreakable.py", "recovery_hold"),
     ("a hold only for a mesh without a policy", "apply_config.lua", "if want_hold and current == 0 then", "if want_hold then",
      "test_unbreakable.py", "second_apply_holds_nothing"),
@@ -280,10 +280,83 @@ MUTATIONS = [
 ]
 
 
+# moving between pools (tests/test_rules_moves.py, tests/test_alternatives.py)
+MUTATIONS += [
+    ("fallback to an alternative", "admit.lua", "if allowed[c] and not seen[c] then", "if false then",
+     "test_rules_moves.py", "moves_to_the_first_ranked or counts_moved"),
+    ("only the configured alternatives", "admit.lua", "if allowed[c] and not seen[c] then", "if not seen[c] then",
+     "test_rules_moves.py", "only_the_pools_configured or never_off_the_eu_route"),
+    ("every check on each candidate", "admit.lua", "    admitted, reason, probe, p = consider(c, provider)\n",
+     "    admitted, reason, probe, p = consider(c, provider)\n    if i > 1 then admitted = true end\n",
+     "test_rules_moves.py", "every_check_applies"),
+    ("oldest first across the alternatives", "admit.lua", "if not redis.call('ZSCORE', key('pinned', asked), oldest) then break end",
+     "", "test_rules_moves.py", "does_not_move_past_an_older"),
+    ("a pinned waiter does not hold its lane back", "admit.lua",
+     "if not redis.call('ZSCORE', key('pinned', asked), oldest) then break end", "break",
+     "test_rules_moves.py", "does_not_move_past_an_older"),
+    ("refused everywhere waits on its own pool", "admit.lua", "pool, reason, p = asked, first_reason, first_p",
+     "pool = cands[#cands]", "test_rules_moves.py", "refused_everywhere_waits"),
+    ("the move is recorded", "admit.lua", "movedFrom = moved and asked or ''", "movedFrom = ''",
+     "test_rules_moves.py", "moves_to_the_first_ranked or counts_moved"),
+    ("a hard pin never moves", "admit.lua", "  if not pin then\n", "  if true then\n",
+     "test_rules_moves.py", "pin_a_pinned_lane or pin_a_pinned_agent"),
+    ("a pinned waiter is listed", "admit.lua", "      redis.call('ZADD', key('pinned', pool), since, id)\n",
+     "\n", "test_rules_moves.py", "pin_a_pinned_lane"),
+    ("pinned starvation", "include/census.lua", "    if now - since > T.starved_after then\n", "    if false then\n",
+     "test_rules_moves.py", "pin_starving"),
+    ("a probe does not end the pinned wait", "admit.lua",
+     "elseif pinned_since then redis.call('HSET', key('pool', asked), 'pinnedSince', pinned_since) end", "end",
+     "test_rules_moves.py", "pin_starving_through"),
+    ("delegated at once", "admit.lua", "      delegated = true\n", "      delegated = false\n",
+     "test_rules_moves.py", "delegated_round_is_admitted"),
+    ("delegated on the parent's lane", "admit.lua", "if cfg.lane[ps.lane] then lane = ps.lane end", "",
+     "test_rules_moves.py", "delegated_round_is_admitted or closure_moves_a_delegated"),
+    ("delegated needs a live parent", "admit.lua", "if lease and lease > now then", "if lease then",
+     "test_rules_moves.py", "needs_a_parent"),
+    ("delegated is counted", "admit.lua", "delegated = delegated and parent or ''", "delegated = ''",
+     "test_rules_moves.py", "delegated_round_is_admitted"),
+    ("closure moves a delegated round", "admit.lua", "      if g then return false, g, false, p end\n", "",
+     "test_rules_moves.py", "closure_moves_a_delegated or closure_refuses_a_pinned"),
+    ("lane of agent", "include/config.lua", "local own = agent ~= nil and agent ~= '' and cfg.moves.agents[agent]",
+     "local own = nil", "test_rules_moves.py", "lane_of_agent"),
+    ("plan moves to the alternatives", "plan.lua", "if not pinned(cfg, lane, agent) then", "if false then",
+     "test_rules_moves.py", "plan_honours"),
+    ("plan honours pins", "plan.lua", "if not pinned(cfg, lane, agent) then", "if true then",
+     "test_rules_moves.py", "plan_honours"),
+    ("apply keeps to the EU route", "apply_config.lua", "need(route(src) ~= 'eu' or route(d) == 'eu' or kind(d) == 'direct',",
+     "need(true,", "test_rules_moves.py", "never_off_the_eu_route"),
+    # rules in Python (a mutated copy of the package, imported first)
+    ("Thompson draws from Beta(s + 1, f + 1)", "admission/core.py", "theta = self.rng.beta(succ + 1, fail + 1)",
+     "theta = np.ones(len(alts))", "test_rules_moves.py", "thompson_explores or thompson_bandit"),
+    ("Thompson discounts by mean cost", "admission/core.py", "score = theta / (1 + cost / cost_scale)", "score = theta",
+     "test_rules_moves.py", "discounts_by_mean_cost"),
+    ("the client learns each pool's counts", "admission/base.py", "        self._stats.update(stats)\n",
+     "        pass\n", "test_rules_moves.py", "thompson_bandit"),
+    ("a waiter re-asks when an alternative frees a slot", "admission/base.py",
+     "return [pool, *sorted(self._movers.get(pool, ()))]", "return [pool]", "test_rules_moves.py",
+     "waiter_a_wake_up"),
+    ("same model on another provider first", "admission/alternatives.py",
+     "out[pool] = same + [p for _, p in sorted(others)]", "out[pool] = [p for _, p in sorted(others)] + same",
+     "test_alternatives.py", "default_order"),
+    ("never off the EU route (MayMoveTo)", "admission/policy.py",
+     'return dst["route"] == "eu" or dst["kind"] == "direct"', "return True", "test_alternatives.py", "eu_route"),
+    ("explicit alternatives replace the defaults", "admission/alternatives.py", "        if key is not None:\n",
+     "        if False:\n", "test_alternatives.py", "explicit_alternatives_replace"),
+    ("default tiers", "admission/policy.py", 'raw.get("tiers", DEFAULT_TIERS)', 'raw.get("tiers", {})',
+     "test_alternatives.py", "default_tiers"),
+]
+
 def _mutant(tmp: Path, file: str, find: str, replace: str) -> Path:
+    """A mutated copy: of the Lua (``tmp/lua``), or for ``admission/...`` of the package
+    (``tmp/admission``, imported before the installed one: the run starts in ``tmp``)."""
     root = tmp / "lua"
     shutil.copytree(lua_dir(), root)
-    path = root / file
+    if file.startswith("admission/"):
+        shutil.copytree(Path(__import__("admission").__file__).parent, tmp / "admission",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        path = tmp / file
+    else:
+        path = root / file
     text = path.read_text()
     assert find in text, f"mutation target not found in {file}: {find!r}"
     path.write_text(text.replace(find, replace, 1))
@@ -293,8 +366,11 @@ def _mutant(tmp: Path, file: str, find: str, replace: str) -> Path:
 def _run(root: Path, test_file: str, expr: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "ADMISSION_LUA_DIR": str(root), "ADMISSION_ENGINES": "fakeredis"}
     env.pop("ADMISSION_REQUIRE_ENGINES", None)
+    # from root's parent: `python -m pytest` puts the working directory first on sys.path, so a
+    # mutated package copy there is the one imported
     return subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                           str(TESTS / test_file), "-k", expr], env=env, capture_output=True, text=True, timeout=300)
+                           str(TESTS / test_file), "-k", expr], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=root.parent)
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ import pytest
 
 from admission.servers import find_server
 from admission.sim import cli, load, model, scenarios
+from admission.sim.day import START_HOUR
 from admission.sim.policies import LANES
 from admission.sim.runner import Backend, Job, rng_for, run_job, simulate
 
@@ -250,14 +251,19 @@ def test_working_day_load():
 SHORT_LIMIT, SHORT_HOURS = 30.0, 3.0
 
 
+def _short(backend, name, policies):
+    """The short day of scenario `name`, once per policy: (job, figures, trace points)."""
+    sc = dataclasses.replace(scenarios.make(name, K), limit_usd=SHORT_LIMIT, hours=SHORT_HOURS)
+    out = {}
+    for pol in policies:
+        sim = simulate(sc, pol, rng_for(1, name, 0), backend=backend, record=True)
+        out[pol] = (Job(name, pol, 0, record=True), sim.figures(), sim.trace.points)
+    return out
+
+
 @pytest.fixture(scope="module")
 def short_day(backend):
-    sc = dataclasses.replace(scenarios.make("provider-day", K), limit_usd=SHORT_LIMIT, hours=SHORT_HOURS)
-    out = {}
-    for pol in scenarios.DAY_POLICIES:
-        sim = simulate(sc, pol, rng_for(1, "provider-day", 0), backend=backend, record=True)
-        out[pol] = (Job("provider-day", pol, 0, record=True), sim.figures(), sim.trace.points)
-    return out
+    return _short(backend, "provider-day", scenarios.DAY_POLICIES)
 
 
 @needs_server
@@ -346,3 +352,115 @@ def test_provider_day_the_policys_budget_holds_when_the_key_allows_more(backend)
     # what was running at the closure may still finish (about a round); nothing starts after it
     assert f["over_policy_limit_usd"] <= 1.0, f        # no probe while our own count says it is spent
     assert f["probes_clean"] == 0
+
+
+# -- provider-day-fallback ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def short_fallback_day(backend):
+    """The short day (08:00-11:00 UTC, a 30-USD key) on two providers, with and without fallback."""
+    return _short(backend, "provider-day-fallback", scenarios.FALLBACK_POLICIES)
+
+
+def _roles(f: dict) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for lane, role in f["lane_role"].items():
+        out.setdefault(role, []).append(lane)
+    return out
+
+
+def test_two_provider_day_load_and_policies():
+    from admission.alternatives import alternatives
+    from admission.policy import validate
+    from admission.sim.policies import DayFallback
+
+    sc = scenarios.make("provider-day-fallback", K)
+    assert list(sc.pools) == [scenarios.ROUTER_POOL, scenarios.EU_POOL] and sc.other_keys == {"azure-eu": None}
+    items = sc.build(rng_for(1, "provider-day-fallback", 0))
+    assert {i.pool for i in items if i.lane == load.EU_LANE} == {scenarios.EU_POOL}
+    assert {i.pool for i in items if i.lane != load.EU_LANE} == {scenarios.ROUTER_POOL}
+    # the default tiers move the router's pool to the EU pool; never the other way (a non-EU router)
+    for fallback, want in ((True, {scenarios.ROUTER_POOL: [scenarios.EU_POOL], scenarios.EU_POOL: []}),
+                           (False, {scenarios.ROUTER_POOL: [], scenarios.EU_POOL: []})):
+        pol = DayFallback(None, fallback=fallback, limit_usd=load.KEY_DAILY_LIMIT_USD)
+        doc = validate({"lanes": pol.lanes, "providers": pol.providers(), "pools": {p: {} for p in sc.pools},
+                        **pol.moves()})
+        assert alternatives(doc) == want and doc["pins"]["lanes"] == ["babysitter"]
+        assert "daily_limit_usd" not in doc["providers"]["openrouter"]   # the key's limit: the provider's only
+
+
+@needs_server
+def test_provider_day_fallback_every_unpinned_lane_moves_within_one_round(short_fallback_day):
+    f = short_fallback_day["fallback"][1]
+    assert f["closed_by"] == "key_daily_limit" and f["closures"] == 1
+    assert f["closed_hour"] == pytest.approx(f["limit_reached_hour"], abs=1 / 60)
+    unpinned = _roles(f)["unpinned"]
+    assert sorted(unpinned) == ["bugfix", "reviews", "triage"]
+    one_round = f["round_minutes"]
+    for lane in unpinned:  # each had work after the closure, and moved within one mean round of it
+        assert f["asks_after_closure"][lane] > 0, lane
+        assert 0 <= f["move_wait_minutes"][lane] <= f["moved_minutes"][lane] <= one_round, (lane, f)
+    assert f["moved_max_minutes"] == max(f["moved_minutes"].values()) <= one_round
+    assert f["moved_after_closure"] > 0 and f["moved_rounds"] >= f["moved_after_closure"]
+    # the lanes' work goes on on the other key: more done than without the fallback
+    nf = short_fallback_day["no-fallback"][1]
+    for lane in unpinned:
+        assert f["other_spend_usd"][lane] > 0 and f["done"][lane] > nf["done"][lane], lane
+
+
+@needs_server
+def test_provider_day_fallback_no_eu_routed_round_runs_on_the_router(short_fallback_day):
+    for pol, (_, f, _) in short_fallback_day.items():
+        assert _roles(f)["EU-routed"] == [load.EU_LANE]
+        assert f["eu_rounds"] > 0 and f["eu_on_router"] == 0, pol
+        assert f["spend_usd"][load.EU_LANE] == 0 and f["other_spend_usd"][load.EU_LANE] > 0, pol
+
+
+@needs_server
+def test_provider_day_fallback_the_pinned_lane_waits_for_its_provider(short_fallback_day):
+    for pol, (_, f, _) in short_fallback_day.items():
+        (pinned,) = _roles(f)["pinned"]
+        assert pinned == "babysitter"
+        # closed until midnight: not admitted again (probes aside) within the short day, never moved
+        assert f["back_minutes"][pinned] is None and f["pinned_waited_to_end"], pol
+        end_hour = START_HOUR + SHORT_HOURS
+        assert f["pinned_wait_minutes"] == pytest.approx((end_hour - f["closed_hour"]) * 60)
+        assert f["pinned_wait_minutes"] > f["round_minutes"]
+        assert f["other_spend_usd"][pinned] == 0, pol
+        assert f["pinned_waiting_peak"] >= 1          # the census lists its rounds as hard-pinned waiters
+
+
+@needs_server
+def test_provider_day_without_fallback_the_lanes_stop(short_fallback_day):
+    f = short_fallback_day["no-fallback"][1]
+    assert f["moved_rounds"] == 0 and f["moved_max_minutes"] is None
+    for lane in _roles(f)["unpinned"]:  # they asked, were refused, and wait for the key's midnight
+        assert f["asks_after_closure"][lane] > 0
+        assert f["moved_minutes"][lane] is None and f["back_minutes"][lane] is None, lane
+        assert f["other_spend_usd"][lane] == 0
+    # only probes met the key after the closure, as with fallback
+    assert f["probes"] > 0 and f["probes_clean"] == 0
+
+
+@needs_server
+def test_provider_day_fallback_report_table_json_and_plot(short_fallback_day, tmp_path):
+    from admission.sim import report
+
+    doc = report.collect(list(short_fallback_day.values()),
+                         config={"runs": 1, "seed": 1, "capacity": K, "hours": 10})
+    sc = doc["scenarios"]["provider-day-fallback"]
+    assert set(sc["policies"]) == {"fallback", "no-fallback"}
+    mean = sc["policies"]["fallback"]["mean"]
+    for name in ("moved_max_minutes", "round_minutes", "eu_on_router", "pinned_wait_minutes", "moved_minutes",
+                 "other_spend_usd", "provider_403", "done"):
+        assert name in mean
+    text = report.table(doc)
+    assert "moving off the closed key" in text and "EU rounds on openrouter" in text
+    md = report.markdown(doc)
+    assert "| no-fallback | reviews | unpinned | 0 | never | never | not by the end |" in md
+    assert "| fallback | babysitter | pinned |" in md
+    report.write_json(doc, tmp_path / "fb.json")
+    assert json.loads((tmp_path / "fb.json").read_text())["scenarios"]["provider-day-fallback"]["policies"]
+    pytest.importorskip("matplotlib")
+    traces = {"provider-day-fallback": {job.policy: trace for job, _, trace in short_fallback_day.values()}}
+    (path,) = report.plots(traces, doc, tmp_path)
+    assert path.name == "provider-day-fallback.png" and path.stat().st_size > 1000

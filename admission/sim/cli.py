@@ -20,14 +20,15 @@ from .runner import ENGINES, Job, default_workers, run_jobs
 def parser(prog: str = "admission simulate") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=(
         "The seed's Monte Carlo comparison on the shipped Lua: step, seed-and-grow and the oracle "
-        "under the seed's provider model and measured load; and provider-day, a working day on a key "
-        "with a daily limit, with the provider's-day rules and without them."))
+        "under the seed's provider model and measured load; provider-day, a working day on a key "
+        "with a daily limit, with the provider's-day rules and without them; and provider-day-fallback, "
+        "that day with the same model on a second provider, with fallback and without."))
     p.add_argument("--scenario", choices=(*scenarios.NAMES, "all"), default="all")
     p.add_argument("--runs", type=int, default=10, help="seeded runs per row (default 10)")
     p.add_argument("--seed", type=int, default=1, help="base seed (default 1)")
     p.add_argument("--capacity", type=float, default=18.0, help="carrying capacity K of the pool (default 18)")
     p.add_argument("--hours", type=float, default=10.0,
-                   help="simulated horizon (default 10; provider-day always runs 08:00-00:30 UTC)")
+                   help="simulated horizon (default 10; the provider-day scenarios always run 08:00-00:30 UTC)")
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     p.add_argument("--plots", metavar="DIR", help="write one PNG per scenario (needs matplotlib)")
     p.add_argument("--engine", choices=ENGINES, default="redis",

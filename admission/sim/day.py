@@ -12,13 +12,20 @@ limit.
 Simulated t = 0 is 08:00 UTC (``engine.EPOCH``); the window ends at 00:30 UTC
 (``load.DAY_HOURS``), half an hour after the key's reset. The day's figures are taken at
 midnight.
+
+Several providers (``provider-day-fallback``): each provider of the scenario's pools has its own
+key; the first pool's provider holds the key of ``limit_usd``, the one whose day and closure the
+figures follow. A round the admission moved runs, and is billed, on the pool it was seated on.
+The moving figures (``fallback_figures``) count from the first closure of that key.
 """
 from __future__ import annotations
 
 import datetime as _dt
+from bisect import bisect_left
 from typing import Any
 
 from ..policy import TUNABLES as _DEFAULTS
+from ..policy import may_move_to
 from . import load as L
 from . import model
 from .engine import EPOCH, Round, Sim, Trace
@@ -27,7 +34,7 @@ from .policies import PACED_LANE, TUNABLES
 DEFAULT_PROBE_EVERY = _DEFAULTS["probe_every"][0]  # 10 s
 
 # event kinds after the engine's seven (ties: after everything else at the same instant)
-TURN, KEY403, RETRY, MIDNIGHT, REASK = 7, 8, 9, 10, 11
+TURN, KEY403, RETRY, MIDNIGHT, REASK, CENSUS = 7, 8, 9, 10, 11, 12
 #: the refusals that say a lane stopped for the provider's day
 STOPS = ("budget-reserve", "budget-spent", "provider-closed")
 START_HOUR = (EPOCH % model.DAY) / 3600.0   # 8.0: t = 0 is 08:00 UTC
@@ -35,6 +42,7 @@ MIDNIGHT_T = (EPOCH // model.DAY + 1) * model.DAY - EPOCH  # t of the next 00:00
 FAST = 1.0  # s: "ended within a second on that 403"
 PROBE_EVERY = float(TUNABLES.get("probe_every", DEFAULT_PROBE_EVERY))
 REASK_LATENCY = 0.01  # s: the waiter's sleep ends a little after probe_every (a round trip)
+CENSUS_EVERY = 300.0  # s: several providers: how often the census is read after the first closure
 
 
 def hour(t: float | None) -> float | None:
@@ -46,17 +54,39 @@ def utc_day(t: float) -> str:
     return _dt.datetime.fromtimestamp(EPOCH + t, _dt.timezone.utc).strftime("%Y-%m-%d")
 
 
+def provider_of(pool: str) -> str:
+    return pool.rpartition("@")[2]
+
+
+def minutes(a: float | None, b: float | None) -> float | None:
+    """From ``a`` to ``b`` in minutes (None when either is missing)."""
+    return None if a is None or b is None else (b - a) / 60.0
+
+
+def first_at_or_after(times: list[float], t: float, before: float = float("inf")) -> float | None:
+    """The first of the (sorted) ``times`` in [t, before), or None."""
+    i = bisect_left(times, t)
+    return times[i] if i < len(times) and times[i] < before else None
+
+
 class DaySim(Sim):
-    def __init__(self, *, limit_usd: float, price_per_1k: float, turn_tokens: float, **kw: Any):
+    def __init__(self, *, limit_usd: float, price_per_1k: float, turn_tokens: float,
+                 other_keys: dict[str, float | None] | None = None, **kw: Any):
         super().__init__(**kw)
         for pool in self.pools.values():
             pool.turn = turn_tokens
-        self.key = model.ProviderKey(limit_usd, price_per_1k)
+        # one key per provider; the first pool's provider holds the day's limit (``self.key``)
+        providers = list(dict.fromkeys(provider_of(p) for p in self.pools))
+        self.primary = providers[0]
+        self.keys = {p: model.ProviderKey(limit_usd if p == self.primary else (other_keys or {}).get(p), price_per_1k)
+                     for p in providers}
+        self.key = self.keys[self.primary]
         self.lanes = list(getattr(self.policy, "lanes", {}) or sorted({i.lane for i in self.items}))
         self.midnight = MIDNIGHT_T
         self.n403 = self.fast403 = self.fast403_probes = self.probes = self.probes_clean = 0
         self.cut403, self.cut403_usd = 0, 0.0  # rounds the 403 cut while they ran, and what they cost
         self.refusals: dict[str, int] = {}
+        self.probes_by_lane: dict[str, int] = {}  # whose rounds the probes were
         self.stopped: dict[str, tuple[float, str]] = {}
         self.closures: list[tuple[float, str]] = []
         self.closed_until = 0.0              # epoch; what the rules hold (read after a closing event)
@@ -68,21 +98,38 @@ class DaySim(Sim):
         self.at_limit: tuple[int, float] | None = None
         self.resumed: float | None = None    # first round served after midnight
         self._reasks: dict[tuple[str, str], float] = {}  # (pod, pool) -> when its waiters ask again
+        # moving between providers: per lane, when it asked, moved, was admitted other than as a
+        # probe (sorted: time only goes on); what ran where; the clean rounds' time ("one round")
+        self.asked_at: dict[str, list[float]] = {}
+        self.moved_at: dict[str, list[float]] = {}
+        self.admitted_at: dict[str, list[float]] = {}
+        self.moved = 0
+        self.eu_rounds = self.eu_on_router = 0
+        self.clean_rounds, self.clean_seconds = 0, 0.0
+        self.elsewhere_at_closure: dict[str, int] = {}  # lane -> its rounds running on another key
+        # what the census says of the pinned lane's waiters after the closure (read every
+        # CENSUS_EVERY): when it first listed one as starving, and the most listed waiting
+        self.pinned_starving: float | None = None
+        self.pinned_waiting_peak = 0
         if self.trace is not None:
-            self.trace = Trace({"bills": [], "r403": [], "closures": [], "stops": {}, "limit": limit_usd,
-                                "reached": None, "midnight": MIDNIGHT_T})
+            self.trace = Trace({"bills": [], "bills_other": [], "r403": [], "closures": [], "stops": {},
+                                "moves": {}, "limit": limit_usd, "reached": None, "midnight": MIDNIGHT_T})
 
-    # -- the provider's key ---------------------------------------------------------------------
+    # -- the providers' keys ---------------------------------------------------------------------
+    def key_of(self, pool: str) -> model.ProviderKey:
+        return self.keys[provider_of(pool)]
+
     def _bill(self, rnd: Round, tokens: float) -> None:
         if tokens <= model._EPS:
             return
-        key, now = self.key, self.epoch()
-        if (key.open(now) and key.limit is not None and self.now < self.midnight
+        key, now = self.key_of(rnd.pool), self.epoch()
+        if (key is self.key and key.open(now) and key.limit is not None and self.now < self.midnight
                 and key.spent + key.cost(tokens) >= key.limit):
-            # this request takes the day's count to the limit: what is in flight now (this round
-            # included, from the request that reaches the limit) is all that can still be billed
+            # this request takes the day's count to the limit: what is in flight now on the key
+            # (this round included, from the request that reaches the limit) is all that can
+            # still be billed
             price = key.price / 1000.0
-            running = [rnd] + [r for r in self.rounds.values() if r is not rnd]
+            running = [rnd] + [r for r in self.rounds.values() if r is not rnd and self.key_of(r.pool) is key]
             self.at_limit = (len(running), sum((r.tokens - r.billed) * price for r in running))
             if self.trace is not None:
                 self.trace.points["reached"] = self.now
@@ -90,10 +137,19 @@ class DaySim(Sim):
         rnd.billed += tokens
         rnd.cost_usd += usd
         if self.trace is not None:
-            self.trace.points["bills"].append((self.now, rnd.lane, usd))
+            self.trace.points["bills" if key is self.key else "bills_other"].append((self.now, rnd.lane, usd))
+
+    def _off_route(self, rnd: Round) -> bool:
+        """Did ``rnd`` start on a provider its own pool's route forbids (an EU-routed round on a
+        non-EU router: the policy's MayMoveTo)? The figures count what ran; the Lua decided."""
+        routes = self.policy.routes()
+        return not may_move_to(routes[provider_of(rnd.item.pool)], routes[provider_of(rnd.pool)])
 
     def _reach_provider(self, rnd: Round, pool: model.ProviderPool) -> None:
-        if not self.key.open(self.epoch()):  # the first request of the round is refused
+        if self.policy.routes()[provider_of(rnd.item.pool)]["route"] == "eu":
+            self.eu_rounds += 1
+            self.eu_on_router += self._off_route(rnd)
+        if not self.key_of(pool.name).open(self.epoch()):  # the first request of the round is refused
             rnd.state = "refused"
             self._push(self.now + self.rng.uniform(0.0, model.KEY_REFUSAL_WITHIN), KEY403, rnd)
             return
@@ -116,10 +172,11 @@ class DaySim(Sim):
         if seq != pool.turn_seq:
             return
         changed = False
+        key = self.key_of(name)
         for rid in pool.pop_turn_ends(self.now):
             rnd = self.rounds[rid]
             self._bill(rnd, pool.turn)              # the request that ended is billed ...
-            if not self.key.open(self.epoch()):     # ... and the next one is refused
+            if not key.open(self.epoch()):          # ... and the next one is refused
                 self._served_changed(pool)
                 pool.remove(rid, self.now)
                 del self.rounds[rid]
@@ -138,6 +195,9 @@ class DaySim(Sim):
         elif outcome == "round_cap":
             self._bill(rnd, rnd.tokens - rnd.left - rnd.billed)  # the request cut short
         on403 = rnd.state == "refused"
+        if outcome == "clean" and self.now < self.midnight:  # what "one round" takes today
+            self.clean_rounds += 1
+            self.clean_seconds += self.now - rnd.started_at
         if self.now < self.midnight:
             fast = on403 and self.now - rnd.started_at <= FAST
             if on403:
@@ -187,6 +247,7 @@ class DaySim(Sim):
             self.stopped[lane] = (self.now, why)
 
     def on_decision(self, rnd: Round, d: Any) -> None:
+        self._note_move(rnd, d)
         if not d.admitted and d.reason == "provider-closed":
             # the client's waiter refused on a closed provider asks again probe_every after its
             # last refusal (base.ClientBase._retry_after), not at the pool clock
@@ -199,12 +260,26 @@ class DaySim(Sim):
             if d.reason == "probe":
                 rnd.probe = True
                 self.probes += 1
+                self.probes_by_lane[rnd.lane] = self.probes_by_lane.get(rnd.lane, 0) + 1
         else:
             self.refusals[d.reason] = self.refusals.get(d.reason, 0) + 1
             if d.reason in STOPS:
                 self._stop(rnd.lane, d.reason)
         if d.reason in ("provider-closed", "probe") and self.closed_until <= self.epoch():
             self._check_closure()
+
+    def _note_move(self, rnd: Round, d: Any) -> None:
+        """Per lane, when it asked, when a round of it moved (ran on an alternative of its pool)
+        and when one was admitted other than as a probe. The closure is read after the release
+        that wrote it, whose wake-ups ask first, so the figures pick these up afterwards."""
+        self.asked_at.setdefault(rnd.lane, []).append(self.now)
+        if not d.admitted:
+            return
+        if d.moved_from:
+            self.moved += self.now < self.midnight
+            self.moved_at.setdefault(rnd.lane, []).append(self.now)
+        if d.reason != "probe":
+            self.admitted_at.setdefault(rnd.lane, []).append(self.now)
 
     def _check_closure(self) -> None:
         """Read the provider's closure from the rules (after a 403, a probe, or a refusal that
@@ -214,6 +289,12 @@ class DaySim(Sim):
         reopened, self._reopened = self._reopened, False
         if st["closedUntil"] > now:
             if (self.closed_until <= now or reopened) and self.now < self.midnight:
+                if not self.closures and len(self.keys) > 1:
+                    # what already ran on the other providers when it first closed
+                    for r in self.rounds.values():
+                        if self.key_of(r.pool) is not self.key:
+                            self.elsewhere_at_closure[r.lane] = self.elsewhere_at_closure.get(r.lane, 0) + 1
+                    self._push(self.now + CENSUS_EVERY, CENSUS, None)
                 self.closures.append((self.now, st["why"]))
                 if self.trace is not None:
                     self.trace.points["closures"].append((self.now, st["why"]))
@@ -227,6 +308,10 @@ class DaySim(Sim):
         super().run()
         if self.trace is not None:
             self.trace.points["stops"] = dict(self.stopped)
+            if len(self.keys) > 1 and self.closures:
+                moved = self.fallback_figures()["moved_minutes"]
+                self.trace.points["moves"] = {lane: self.closures[0][0] + m * 60.0
+                                              for lane, m in moved.items() if m is not None}
         return self
 
     def _handle(self, kind: int, payload: Any) -> None:
@@ -241,12 +326,27 @@ class DaySim(Sim):
             if self._reasks.get((pod, pool)) == t:  # not asked again since
                 del self._reasks[(pod, pool)]
                 self._start(self.policy.reask(pod, pool, self.epoch()))
+        elif kind == CENSUS:
+            self._read_census()
         elif kind == MIDNIGHT:
-            self.key.open(self.epoch())  # the key's count starts again
+            for key in self.keys.values():
+                key.open(self.epoch())  # the keys' counts start again
             if self._run:
                 self._run = 0
         else:
             super()._handle(kind, payload)
+
+    def _read_census(self) -> None:
+        """The census's word on the pinned waiters (``hardPinned``, ``starving`` of kind
+        ``pinned``) until midnight: a read model, it changes no decision."""
+        if self.now >= self.midnight:
+            return
+        census = self.policy.census(self.epoch())
+        waiting = [p["hardPinned"]["waiting"] for p in census["pools"] if p.get("hardPinned")]
+        self.pinned_waiting_peak = max([self.pinned_waiting_peak, *waiting])
+        if self.pinned_starving is None and any(s["kind"] == "pinned" for s in census["starving"]):
+            self.pinned_starving = self.now
+        self._push(self.now + CENSUS_EVERY, CENSUS, None)
 
     def _record(self, pool: str) -> None:
         pass  # the day's trace is the bills, the 403s and the closures
@@ -304,4 +404,73 @@ class DaySim(Sim):
             "capacity": {p: pool.k for p, pool in self.pools.items()},
             "drained": self.left == 0,
             "sim_minutes": (min(self.now, self.end) - self.window_start) / 60.0,
+            **(self.fallback_figures() if len(self.keys) > 1 else {}),
+        }
+
+    def _role(self, lane: str, ours: bool, pinned: bool) -> str:
+        """What a lane does when the key closes: waits (pinned), moves, or is elsewhere (its
+        rounds ask another provider's pool: EU-routed or not)."""
+        if ours:
+            return "pinned" if pinned else "unpinned"
+        pool = next(i.pool for i in self.items if i.lane == lane)
+        return "EU-routed" if self.policy.routes()[provider_of(pool)]["route"] == "eu" else "other key"
+
+    def fallback_figures(self) -> dict[str, Any]:
+        """Several providers: how the lanes of the key with the day's limit fared from its first
+        closure (minutes; None where it did not happen), where the EU-routed rounds ran, and the
+        spend on the other keys. A lane's move is its first round admitted on an alternative of
+        its pool before midnight; its wait for the move is counted from its first ask after the
+        closure (a lane with no work pending does not need to move)."""
+        closed = self.closures[0][0] if self.closures else None
+        pins = set(getattr(self.policy, "pins", ()))
+        ours = [lane for lane in self.lanes
+                if any(i.lane == lane and provider_of(i.pool) == self.primary for i in self.items)]
+        movers = [lane for lane in ours if lane not in pins]
+
+        def after(times: dict[str, list[float]], lane: str, before: float = float("inf")) -> float | None:
+            return None if closed is None else first_at_or_after(times.get(lane, []), closed, before)
+
+        def count(times: list[float], a: float, b: float) -> int:
+            return bisect_left(times, b) - bisect_left(times, a)
+
+        asks = {lane: 0 if closed is None else count(self.asked_at.get(lane, []), closed, self.midnight)
+                for lane in ours}
+        moved = {lane: minutes(closed, after(self.moved_at, lane, self.midnight)) for lane in movers}
+        move_wait = {lane: minutes(after(self.asked_at, lane, self.midnight), after(self.moved_at, lane, self.midnight))
+                     for lane in movers}
+        back = {lane: minutes(closed, after(self.admitted_at, lane)) for lane in ours}
+        moved_after = 0 if closed is None else sum(count(t, closed, self.midnight) for t in self.moved_at.values())
+        # a pinned lane not admitted again within the window waited at least until its end
+        pinned = [back[lane] if back[lane] is not None else minutes(closed, self.end)
+                  for lane in ours if lane in pins]
+        others = {p: k.totals(int(EPOCH // model.DAY)) for p, k in self.keys.items() if k is not self.key}
+
+        def worst(xs: dict[str, float | None]) -> float | None:
+            """The longest over the lanes that had work after the closure; None if one of them
+            never moved (or none had work)."""
+            got = [v for lane, v in xs.items() if asks[lane]]
+            return None if not got or None in got else max(got)
+
+        return {
+            "lane_role": {lane: self._role(lane, lane in ours, lane in pins) for lane in self.lanes},
+            "elsewhere_at_closure": {lane: self.elsewhere_at_closure.get(lane, 0) for lane in ours},
+            "moved_minutes": moved,
+            "moved_max_minutes": worst(moved),
+            "move_wait_minutes": move_wait,
+            "move_wait_max_minutes": worst(move_wait),
+            "asks_after_closure": asks,
+            "back_minutes": back,
+            "round_minutes": self.clean_seconds / self.clean_rounds / 60.0 if self.clean_rounds else None,
+            "moved_rounds": self.moved,
+            "moved_after_closure": moved_after,
+            "eu_rounds": self.eu_rounds,
+            "eu_on_router": self.eu_on_router,
+            "pinned_wait_minutes": max(pinned) if pinned and closed is not None else None,
+            "pinned_waited_to_end": closed is not None and any(back[l] is None for l in ours if l in pins),
+            "pinned_starving_minutes": minutes(closed, self.pinned_starving),
+            "pinned_waiting_peak": self.pinned_waiting_peak,
+            "probes_by_lane": {lane: self.probes_by_lane.get(lane, 0) for lane in self.lanes},
+            "other_spend_usd": {lane: sum(t["by_lane"].get(lane, 0.0) for t in others.values())
+                                for lane in self.lanes},
+            "other_spend_total_usd": sum(t["spent"] for t in others.values()),
         }

@@ -31,7 +31,7 @@ class Round:
     item: Item
     pod: str
     lane: str
-    pool: str
+    pool: str                # where it runs: its item's pool, or the alternative it moved to
     tokens: float
     asked_at: float
     state: str = "asking"  # asking | doomed (will hear a 429) | refused (will hear a 403) | served | ended
@@ -169,8 +169,11 @@ class Sim:
                 self.tokens_done += rnd.tokens
         else:
             self._again(rnd, outcome)
-        for pod in self.policy.listeners(rnd.pod):
-            self._pace(pod, rnd.pool)
+        # the paced lanes of the pools the release wakes (a round that moved frees a seat its
+        # own pool's backlog may move to as well)
+        for pool in self.policy.woken(rnd.pool):
+            for pod in self.policy.listeners(rnd.pod):
+                self._pace(pod, pool)
         self._record(rnd.pool)
 
     def _again(self, rnd: Round, outcome: str) -> None:

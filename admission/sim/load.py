@@ -55,6 +55,10 @@ DAY_REVIEWS_PER_HOUR = 12.0      # review heads (40,000 tokens), Poisson, all da
 DAY_BUG_BACKLOG = 300            # open bugs at 08:00 (20,000 tokens, the seed's severities and ages)
 DAY_EXPRESS_PER_HOUR = 6.0       # express asks (a person waits on the answer), Poisson, all day
 EXPRESS_TOKENS = 20_000
+# provider-day-fallback: the same day on one model reached through two providers
+EU_LANE = "express"              # its rounds are EU-routed: they ask for the EU pool all day
+EU_CAPACITY_SHARE = 1.0          # the EU pool's hidden K, as a share of the router pool's K
+EU_KEY_LIMIT_USD = None          # the EU provider's key has no daily limit
 
 
 @dataclass
@@ -132,6 +136,16 @@ def working_day(rng: np.random.Generator, pool: str) -> list[Item]:
                for i in range(int(until // TRIAGE_EVERY))]
             + [Item(f"bab{i:03d}", "babysitter", pool, BABYSITTER_TOKENS, i * BABYSITTER_EVERY)
                for i in range(int(until // BABYSITTER_EVERY))])
+
+
+def two_provider_day(rng: np.random.Generator, pool: str, eu_pool: str) -> list[Item]:
+    """provider-day-fallback: the working day above on ``pool``, except that the rounds of
+    ``EU_LANE`` are EU-routed: they ask for ``eu_pool`` (same draws, so the same arrivals)."""
+    items = working_day(rng, pool)
+    for item in items:
+        if item.lane == EU_LANE:
+            item.pool = eu_pool
+    return items
 
 
 def sizes() -> dict:

@@ -15,7 +15,9 @@ from collections import deque
 from typing import Any
 
 from .. import Admission
+from ..alternatives import alternatives as alternatives_of
 from ..classify import outcome_of
+from ..policy import validate
 from . import model
 from .load import KEY_DAILY_LIMIT_USD
 
@@ -69,6 +71,10 @@ class Policy:
     def listeners(self, pod: str) -> list[str]:
         """The pods that hear a release of ``pod`` (their lanes that start work look again)."""
         return self.sim.pods
+
+    def woken(self, pool: str) -> list[str]:
+        """The pools whose waiters (and paced lanes) a release on ``pool`` wakes."""
+        return [pool]
 
     def estimates(self, pool: str) -> tuple[float, ...]:
         """What the policy believes the pool serves (one value per admission; empty: no bound)."""
@@ -246,10 +252,21 @@ class SeedAndGrow(Policy):
     def providers(self) -> dict:
         return {self.provider: {}}
 
+    def moves(self) -> dict:
+        """The policy's tables for moving between pools (none: the policy's defaults)."""
+        return {}
+
     def setup(self, sim) -> None:
         super().setup(sim)
         policy = {"tunables": TUNABLES, "lanes": self.lanes, "providers": self.providers(),
-                  "pools": {p: {} for p in sim.pools}, "clock": "caller"}
+                  "pools": {p: {} for p in sim.pools}, "clock": "caller", **self.moves()}
+        self.validated = validate(policy)
+        # pool -> the pools that list it as an alternative: a release there wakes their waiters
+        # too, as the client's does (a waiter re-asks across its pool's alternatives)
+        self.movers: dict[str, list[str]] = {}
+        for pool, alts in alternatives_of(self.validated).items():
+            for alt in alts:
+                self.movers.setdefault(alt, []).append(pool)
         self.mesh = {pod: f"{self.mesh_prefix}-{i if self.private else 0}" for i, pod in enumerate(sim.pods)}
         self.adm = {pod: Admission(self.client, mesh=self.mesh[pod], pod=pod, background=False) for pod in sim.pods}
         self.pods_of: dict[str, list[str]] = {}
@@ -264,10 +281,11 @@ class SeedAndGrow(Policy):
     def _ask(self, rnd, now):
         d = self.adm[rnd.pod].try_admit(lane=rnd.lane, model=rnd.pool, round_id=rnd.id, now=now,
                                         draw=self.sim.draw(), wait=True)
-        self.est[(self.mesh[rnd.pod], rnd.pool)] = d.estimate
+        self.est[(self.mesh[rnd.pod], d.pool)] = d.estimate  # the pool it runs or waits on
         self.sim.on_decision(rnd, d)
         if d.admitted:
             rnd.seat = d.seat
+            rnd.pool = d.pool  # moved: it runs on the alternative (its item still asks its own pool)
         return d.admitted
 
     def ask(self, rnd, now):
@@ -292,6 +310,13 @@ class SeedAndGrow(Policy):
         """The pod's oldest waiters on ``pool`` ask again (a waiter's own retry timer)."""
         return self._reask(pod, pool, now)
 
+    def woken(self, pool: str) -> list[str]:
+        return [pool, *sorted(self.movers.get(pool, ()))]
+
+    def routes(self) -> dict[str, dict]:
+        """Each provider's route and kind, as the policy declares them (normalized)."""
+        return self.validated["providers"]
+
     def report(self, rnd, signal, now):
         r = self.adm[rnd.pod].report(rnd.seat, signal=signal, now=now)
         self.est[(self.mesh[rnd.pod], rnd.pool)] = r.estimate
@@ -301,7 +326,7 @@ class SeedAndGrow(Policy):
         mesh = self.mesh[rnd.pod]
         if r.estimate is not None:
             self.est[(mesh, rnd.pool)] = r.estimate
-        return [x for pod in self.pods_of[mesh] for x in self._reask(pod, rnd.pool, now)]
+        return [x for pool in self.woken(rnd.pool) for pod in self.pods_of[mesh] for x in self._reask(pod, pool, now)]
 
     def clock(self, pod, now):
         mesh = self.mesh[pod]
@@ -311,7 +336,8 @@ class SeedAndGrow(Policy):
             self.est[(mesh, pool)] = est
             for other in self.pods_of[mesh]:  # the growth wakes the mesh's waiters
                 if other != pod:
-                    out += self._reask(other, pool, now)
+                    for woken in self.woken(pool):
+                        out += self._reask(other, woken, now)
         return out + self._reask(pod, None, now)
 
     def allowance(self, pod, lane, pool, wanted, now):
@@ -379,18 +405,57 @@ class Day(SeedAndGrow):
     def ledger(self, day: str) -> dict[str, dict[str, float]]:
         return next(iter(self.adm.values())).ledger(day)
 
+    def census(self, now: float) -> dict:
+        """The mesh's read model now (the census)."""
+        return next(iter(self.adm.values())).census(now=now)
+
+
+#: provider-day-fallback: one model on two providers. The key with the daily limit is reached
+#: through a global router; the other provider is an EU-routed direct one (DESIGN §7: an EU-routed
+#: pool may never move to a non-EU router, so the EU pool has no alternative).
+ROUTER, EU = "openrouter", "azure-eu"
+FALLBACK_PROVIDERS = {ROUTER: {"route": "global", "kind": "router"}, EU: {"route": "eu", "kind": "direct"}}
+#: the lane hard-pinned to its pool (it waits for its provider, never moves)
+PINNED_LANES = ("babysitter",)
+
+
+class DayFallback(Day):
+    """provider-day-fallback: the shipped Lua with the provider's-day rules on two providers of
+    one model, the router's key limit known only to the provider (as ``closure-only``: the first
+    403 closes the router until midnight; every release reports its cost).
+
+    ``fallback=True`` (``fallback``): the policy's default tiers give the router's pool the EU
+    pool as its alternative, so a round refused on the closed router moves there in the same
+    call. ``fallback=False`` (``no-fallback``): ``tiers = {}`` and no ``[alternatives]``: nothing
+    moves. In both, the lanes of ``PINNED_LANES`` are hard-pinned (``[pins]``)."""
+
+    provider = ROUTER  # the key that closes (DaySim reads its closure)
+    pins = PINNED_LANES
+
+    def __init__(self, client, *, fallback: bool, limit_usd: float, mesh_prefix: str = "sim"):
+        super().__init__(client, rules=True, budget=False, limit_usd=limit_usd, mesh_prefix=mesh_prefix)
+        self.fallback = fallback
+        self.name = "fallback" if fallback else "no-fallback"
+
+    def providers(self) -> dict:
+        return {name: dict(p) for name, p in FALLBACK_PROVIDERS.items()}
+
+    def moves(self) -> dict:
+        pins = {"pins": {"lanes": list(self.pins)}}
+        return pins if self.fallback else {**pins, "tiers": {}, "alternatives": {}}
+
 
 def day_reserves() -> dict[str, float]:
     """Each provider-day lane's budget reserve, as the rules read it from the policy."""
-    from ..policy import validate
-
     pol = validate({"lanes": DAY_LANES, "providers": {"sim": {}}, "pools": {"main@sim": {}}})
     return {lane["name"]: lane["reserve"] for lane in pol["lanes"]}
 
 
-NAMES = ("step", "seed-and-grow", "seed-and-grow-private", "oracle", "with-rules", "without-rules", "closure-only")
+NAMES = ("step", "seed-and-grow", "seed-and-grow-private", "oracle", "with-rules", "without-rules", "closure-only",
+         "fallback", "no-fallback")
 #: The policies that run the shipped Lua (they need a server).
-REDIS_BACKED = ("seed-and-grow", "seed-and-grow-private", "with-rules", "without-rules", "closure-only")
+REDIS_BACKED = ("seed-and-grow", "seed-and-grow-private", "with-rules", "without-rules", "closure-only",
+                "fallback", "no-fallback")
 
 
 def make(name: str, client: Any = None, mesh_prefix: str = "sim", limit_usd: float | None = None) -> Policy:
@@ -407,4 +472,9 @@ def make(name: str, client: Any = None, mesh_prefix: str = "sim", limit_usd: flo
             raise ValueError(f"{name} needs a Redis client")
         return Day(client, rules=name != "without-rules", budget=name == "with-rules",
                    limit_usd=limit_usd or KEY_DAILY_LIMIT_USD, mesh_prefix=mesh_prefix)
+    if name in ("fallback", "no-fallback"):
+        if client is None:
+            raise ValueError(f"{name} needs a Redis client")
+        return DayFallback(client, fallback=name == "fallback", limit_usd=limit_usd or KEY_DAILY_LIMIT_USD,
+                           mesh_prefix=mesh_prefix)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(NAMES)}")

@@ -18,10 +18,16 @@ DAY_SCALARS = ("limit_usd", "policy_limit_usd", "over_policy_limit_usd", "spend_
                "in_flight_at_limit", "in_flight_usd_at_limit", "provider_403", "fast_403", "fast_403_probes",
                "cut_by_403", "cut_by_403_usd",
                "storm_rounds", "storm_hours", "storm_from_hour", "closures", "closed_hour", "probes",
-               "probes_clean", "resumed_minutes")
-DAY_PER_KEY = ("spend_usd", "stopped_hour", "done", "refusals")
+               "probes_clean", "resumed_minutes",
+               # provider-day-fallback (day.DaySim.fallback_figures)
+               "moved_max_minutes", "move_wait_max_minutes", "round_minutes", "moved_rounds",
+               "moved_after_closure", "eu_rounds", "eu_on_router", "pinned_wait_minutes", "pinned_starving_minutes",
+               "pinned_waiting_peak", "other_spend_total_usd")
+DAY_PER_KEY = ("spend_usd", "stopped_hour", "done", "refusals",
+               "moved_minutes", "move_wait_minutes", "back_minutes", "asks_after_closure", "elsewhere_at_closure",
+               "probes_by_lane", "other_spend_usd")
 #: words, counted over the runs: {value: runs}, per lane for the dict-valued ones
-DAY_WORDS = ("closed_by", "stopped_by")
+DAY_WORDS = ("closed_by", "stopped_by", "lane_role", "pinned_waited_to_end")
 
 
 def _stats(values: list[float | None]) -> dict[str, Any]:
@@ -124,13 +130,13 @@ def table(doc: dict[str, Any]) -> str:
     """Per scenario: one row per policy, the means over the runs with [min–max]."""
     cfg = doc["config"]
     horizon = cfg["hours"] * 60.0
-    drains = any(name != "provider-day" for name in doc["scenarios"])
+    drains = any(name not in scenarios.DAYS for name in doc["scenarios"])
     lines = [f"{cfg['runs']} seeded runs per row (seed {cfg['seed']}), mean [min–max]; K = {cfg['capacity']:g}"
              + (f"; drain in minutes from the start of the load ('>{horizon:.0f}': not drained within "
                 f"{cfg['hours']:g} h)" if drains else ""), ""]
     for name, sc in doc["scenarios"].items():
-        if name == "provider-day":
-            lines += day_table(sc)
+        if name in scenarios.DAYS:
+            lines += day_table(sc, name)
             continue
         pols = sc["policies"]
         first = next(iter(pols.values()))
@@ -199,11 +205,18 @@ def _words(counts: dict[str, int], runs: int) -> str:
     return ", ".join(f"{k} {v}" for k, v in named.items())
 
 
-def day_table(sc: dict[str, Any]) -> list[str]:
-    """provider-day: the key and the storm per policy, then each lane (stop, spend, work done)."""
+def day_table(sc: dict[str, Any], name: str = "provider-day") -> list[str]:
+    """provider-day: the key and the storm per policy, then each lane (stop, spend, work done);
+    with a second provider (provider-day-fallback) the moves replace the lanes' table."""
+    out = key_block(sc, name)
+    if "moved_rounds" in next(iter(sc["policies"].values()))["mean"]:
+        return out + fallback_blocks(sc, name)
+    return out + lanes_block(sc, name)
+
+
+def key_block(sc: dict[str, Any], name: str) -> list[str]:
+    """The key's day per policy: its limit, the 403s, the storm, the closures and the spend."""
     pols = sc["policies"]
-    first = next(iter(pols.values()))
-    limit = first["mean"]["limit_usd"]
     rows = []
     for pol, s in pols.items():
         closed = _hour_cell(s, "closed_hour")
@@ -218,7 +231,14 @@ def day_table(sc: dict[str, Any]) -> list[str]:
               "cut running by a 403", "storm rounds",
               "storm hours", "closures", "closed at", "probes", "spend at 00:00 $", "overshoot $",
               "in flight at the limit $", "rounds in flight at the limit"]
-    out = _block(f"provider-day — {sc['about']}; the key's day, per policy", header, rows)
+    return _block(f"{name} — {sc['about']}; the key's day, per policy", header, rows)
+
+
+def lanes_block(sc: dict[str, Any], name: str) -> list[str]:
+    """Each lane per policy: its reserve, when and why it stopped, its spend and work done."""
+    pols = sc["policies"]
+    first = next(iter(pols.values()))
+    limit = first["mean"]["limit_usd"]
     lanes = list(first["mean"]["spend_usd"])
     rows = []
     for pol, s in pols.items():
@@ -229,9 +249,65 @@ def day_table(sc: dict[str, Any]) -> list[str]:
                          _hour_cell(s, "stopped_hour", lane) + (f" {why}" if why else ""),
                          _cell(s, "spend_usd", lane, 2), _cell(s, "done", lane)])
     header = ["policy", "lane", "reserve", "stopped (UTC), by", "spend $", "done by 00:00"]
-    out += _block(f"provider-day — each lane (limit {limit:g} USD; stopped: the first refusal for the day or "
+    return _block(f"{name} — each lane (limit {limit:g} USD; stopped: the first refusal for the day or "
                   f"403, before 00:00)", header, rows)
-    return out
+
+
+def _or(s: dict[str, Any], name: str, key: str | None = None, digits: int = 1, none: str = "never") -> str:
+    """A figure that may not happen in a run (None): ``none`` when it happened in none."""
+    n = s["n"][name] if key is None else s["n"][name].get(key)
+    return _cell(s, name, key, digits) if n else none
+
+
+def _role(s: dict[str, Any], lane: str) -> str:
+    return _words(s["lane_role"].get(lane, {}), s["runs"])
+
+
+def fallback_blocks(sc: dict[str, Any], name: str) -> list[str]:
+    """provider-day-fallback: from the first key's closure, how soon the lanes ran on the other
+    provider (against one mean round), where the EU-routed rounds ran, how long the pinned lane
+    waited; then each lane: its move, its spend on each key, its work done."""
+    pols = sc["policies"]
+    first = next(iter(pols.values()))
+    keys = [pool.split("@")[-1] for pool in sc["capacity"]]
+    spend = [f"spend {keys[0]} $", f"spend {' + '.join(keys[1:])} $"]
+    rows = []
+    for pol, s in pols.items():
+        closed = _hour_cell(s, "closed_hour")
+        eu = f"{_cell(s, 'eu_on_router')} of {_cell(s, 'eu_rounds')}"
+        pinned = _or(s, "pinned_wait_minutes", digits=0, none="—")
+        if s.get("pinned_waited_to_end", {}).get("True"):
+            pinned += " (to the end)"
+        rows.append([pol, closed if closed != "never" else "—", _or(s, "moved_max_minutes"),
+                     _or(s, "move_wait_max_minutes"), _cell(s, "round_minutes", digits=1),
+                     f"{_cell(s, 'moved_rounds')} ({_cell(s, 'moved_after_closure')})", eu, pinned,
+                     f"{_or(s, 'pinned_starving_minutes', digits=0)}; {_cell(s, 'pinned_waiting_peak')}",
+                     _cell(s, "provider_403"), _cell(s, "probes"), _cell(s, "spend_total_usd", digits=2),
+                     _cell(s, "other_spend_total_usd", digits=2)])
+    header = ["policy", f"{keys[0]} closed (UTC)", "every lane moved within, min", "from its first ask, min",
+              "one round, min", "rounds moved (after the closure)", f"EU rounds on {keys[0]}",
+              "pinned lane waited, min", "census: pinned starving after, min; most waiting", "403s", "probes",
+              *spend]
+    out = _block(f"{name} — moving off the closed key, per policy (from the first closure; within: the "
+                 f"longest over the lanes with work after it; 'one round': the mean clean round)", header, rows)
+    rows = []
+    for pol, s in pols.items():
+        for lane in first["mean"]["spend_usd"]:
+            role = _role(s, lane)
+            moves = lane in s["mean"]["moved_minutes"]
+            idle = lane in s["mean"]["asks_after_closure"] and not s["max"]["asks_after_closure"][lane]
+            moved = ("no work" if idle else _or(s, "moved_minutes", lane)) if moves else "—"
+            wait = ("no work" if idle else _or(s, "move_wait_minutes", lane)) if moves else "—"
+            back = (("no work" if idle else _or(s, "back_minutes", lane, digits=0, none="not by the end"))
+                    if lane in s["mean"]["back_minutes"] else "—")
+            there = _cell(s, "elsewhere_at_closure", lane) if lane in s["mean"]["elsewhere_at_closure"] else "—"
+            rows.append([pol, lane, role, there, moved, wait, back, _cell(s, "probes_by_lane", lane),
+                         _cell(s, "spend_usd", lane, 2), _cell(s, "other_spend_usd", lane, 2), _cell(s, "done", lane)])
+    header = ["policy", "lane", "role", f"running off {keys[0]} at the closure", "moved after the closure, min",
+              "from its first ask, min", "admitted again after, min", "its rounds probing", *spend, "done by 00:00"]
+    return out + _block(f"{name} — each lane (moved: its first round admitted on the other provider before "
+                        f"00:00; admitted again: its first round after the closure, not a probe, anywhere)",
+                        header, rows)
 
 
 def _block(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
@@ -282,8 +358,8 @@ def plots(traces: dict[str, dict[str, Any]], doc: dict[str, Any], directory: str
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for name, by_policy in traces.items():
-        if name == "provider-day":
-            written.append(day_plot(by_policy, doc, directory, plt))
+        if name in scenarios.DAYS:
+            written.append(day_plot(by_policy, doc, directory, plt, name))
             continue
         sc = doc["scenarios"][name]
         pols = [p for p in sc["policies"] if p in by_policy]
@@ -320,13 +396,29 @@ def plots(traces: dict[str, dict[str, Any]], doc: dict[str, Any], directory: str
 LANE_COLORS = {"express": "C3", "babysitter": "C4", "reviews": "C0", "bugfix": "C1", "triage": "C2"}
 
 
-def day_plot(by_policy: dict[str, Any], doc: dict[str, Any], directory: Path, plt: Any) -> Path:
-    """provider-day (run 0 of each policy): the provider's count of the day's spend, stacked per
-    lane, against the key's limit, with the lanes' stops and the closure marked; below it the
-    403s per ten minutes (the lanes' rounds and the probes)."""
+def _cumulative(bills: list[tuple[float, str, float]], until: float) -> tuple[list[float], list[float]]:
+    """The running total of ``bills`` (t, lane, usd) in UTC hours, up to ``until`` (an hour)."""
     from .day import START_HOUR, hour
 
-    sc = doc["scenarios"]["provider-day"]
+    t, y = [START_HOUR], [0.0]
+    for when, _, usd in bills:
+        if hour(when) >= until:
+            break
+        t.append(hour(when))
+        y.append(y[-1] + usd)
+    return t + [until], y + [y[-1]]
+
+
+def day_plot(by_policy: dict[str, Any], doc: dict[str, Any], directory: Path, plt: Any,
+             name: str = "provider-day") -> Path:
+    """provider-day (run 0 of each policy): the provider's count of the day's spend, stacked per
+    lane, against the key's limit, with the lanes' stops and the closure marked; below it the
+    403s per ten minutes (the lanes' rounds and the probes). With a second provider
+    (provider-day-fallback): its key's count too (dashed) and where each lane moved (▲)."""
+    from .day import START_HOUR, hour
+
+    sc = doc["scenarios"][name]
+    keys = [pool.split("@")[-1] for pool in sc["capacity"]]
     pols = [p for p in sc["policies"] if p in by_policy]
     fig, axes = plt.subplots(2 * len(pols), 1, figsize=(12.5, 4.2 * len(pols)), sharex=True, squeeze=False,
                              gridspec_kw={"height_ratios": [3, 1] * len(pols)})
@@ -375,10 +467,21 @@ def day_plot(by_policy: dict[str, Any], doc: dict[str, Any], directory: Path, pl
             ax.annotate(text, (g[0][0], limit * (1.08 + 0.075 * (j % 4))), fontsize=7,
                         ha="right" if g[0][0] > 20 else "left",
                         va="bottom", color=LANE_COLORS.get(g[0][1], "k") if len(g) == 1 else "k")
-        ax.set_ylim(0, limit * 1.42)
+        top = limit * 1.42
+        if tr.get("bills_other"):  # the other key's count, and the lanes' moves onto it
+            t2, y2 = _cumulative(tr["bills_other"], midnight)
+            ax.step(t2, y2, where="post", color="teal", lw=1.6,
+                    label=f"{' + '.join(keys[1:])}: the other key's count (every lane)")
+            top = max(top, y2[-1] * 1.1)
+            for lane, when in sorted(tr.get("moves", {}).items(), key=lambda kv: kv[1]):
+                ax.plot([hour(when)], [limit * 0.04], marker="^", color=LANE_COLORS.get(lane, "k"), ms=8,
+                        markeredgecolor="k", label=f"{lane} moved {_clock(hour(when))}")
+        ax.set_ylim(0, top)
         ax.set_ylabel("USD spent (provider's count)")
-        ax.set_title(f"provider-day — {pol} (run 0): the day's spend per lane; ▼ the lane stops", fontsize=9,
-                     loc="left")
+        moved = "; ▲ the lane moves" if tr.get("moves") else ""
+        on = f" on {keys[0]}'s key" if len(keys) > 1 else ""
+        ax.set_title(f"{name} — {pol} (run 0): the day's spend per lane{on}; ▼ the lane stops{moved}",
+                     fontsize=9, loc="left")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0))
         # 403s per 10 minutes
         bins = [START_HOUR + k / 6 for k in range(int((end - START_HOUR) * 6) + 1)]
@@ -398,7 +501,7 @@ def day_plot(by_policy: dict[str, Any], doc: dict[str, Any], directory: Path, pl
     axes[-1, 0].set_xticklabels([_clock(h) for h in ticks])
     axes[-1, 0].set_xlabel("UTC (the key resets at 00:00)")
     fig.tight_layout()
-    path = directory / "provider-day.png"
+    path = directory / f"{name}.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path

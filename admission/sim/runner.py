@@ -92,7 +92,7 @@ def simulate(sc: scenarios.Scenario, policy: str, rng: np.random.Generator, *, h
         from .day import DaySim
 
         return DaySim(limit_usd=sc.limit_usd, price_per_1k=L.PRICE_PER_1K_TOKENS,
-                      turn_tokens=L.TURN_TOKENS, **kw).run()
+                      turn_tokens=L.TURN_TOKENS, other_keys=sc.other_keys, **kw).run()
     return Sim(**kw).run()
 
 
@@ -152,7 +152,7 @@ def run_jobs(jobs: Iterable[Job], *, engine: str = "redis", workers: int = 1,
             _close_backend()
     else:
         # the slowest jobs first, so the two workers finish together
-        order = sorted(jobs, key=lambda j: (j.policy in REDIS_BACKED, j.scenario == "provider-day",
+        order = sorted(jobs, key=lambda j: (j.policy in REDIS_BACKED, j.scenario in scenarios.DAYS,
                                             j.scenario == "multipod"), reverse=True)
         with ProcessPoolExecutor(max_workers=workers, initializer=_init, initargs=(engine,)) as pool:
             futures = {pool.submit(run_job, job): job for job in order}

@@ -1,7 +1,8 @@
 """The scenarios: which pools (with their carrying capacity K), how many pods, which load on
 which pool and pod, where the measured window starts, and which policies are compared. The first
 four are the seed's Monte Carlo comparison; ``provider-day`` is the seed's incident of the day a
-provider key hit its daily limit (``day.DaySim``)."""
+provider key hit its daily limit (``day.DaySim``); ``provider-day-fallback`` is that day with the
+same model on a second provider to move to."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,10 +12,16 @@ import numpy as np
 
 from . import load as L
 from .load import Item
+from .policies import EU, PINNED_LANES, ROUTER
 
-NAMES = ("burst", "idle", "isolation", "multipod", "provider-day")
+NAMES = ("burst", "idle", "isolation", "multipod", "provider-day", "provider-day-fallback")
 SINGLE = ("step", "seed-and-grow", "oracle")
 DAY_POLICIES = ("with-rules", "without-rules")
+FALLBACK_POLICIES = ("fallback", "no-fallback")
+#: the scenarios that run on day.DaySim (the key's day; their own tables)
+DAYS = ("provider-day", "provider-day-fallback")
+#: provider-day-fallback: one model, two providers (the router's key closes first)
+ROUTER_POOL, EU_POOL = f"sonnet@{ROUTER}", f"sonnet@{EU}"
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,9 @@ class Scenario:
     day: bool = False           # runs on day.DaySim (the provider's key and its day)
     limit_usd: float | None = None  # day: the key's daily limit (and the rules' daily_limit_usd)
     policy_limit_usd: float | None = None  # day: the rules' daily_limit_usd when not the key's limit
+    # day: the keys of the other providers, provider -> daily limit (None: no limit); the first
+    # pool's provider holds the key of ``limit_usd``
+    other_keys: dict[str, float | None] | None = None
 
 
 def burst(k: float) -> Scenario:
@@ -85,9 +95,22 @@ def provider_day(k: float) -> Scenario:
                           f"{L.KEY_DAILY_LIMIT_USD:g} USD")
 
 
+def provider_day_fallback(k: float) -> Scenario:
+    """The provider's day with a second provider of the same model: the router's key (the day's
+    limit) closes first; the EU pool has its own key and its own hidden K."""
+    pools = {ROUTER_POOL: k, EU_POOL: k * L.EU_CAPACITY_SHARE}
+    return Scenario("provider-day-fallback", pools, 1, FALLBACK_POLICIES,
+                    lambda rng: L.two_provider_day(rng, ROUTER_POOL, EU_POOL),
+                    hours=L.DAY_HOURS, day=True, limit_usd=L.KEY_DAILY_LIMIT_USD,
+                    other_keys={EU: L.EU_KEY_LIMIT_USD},
+                    about=f"the working day on {ROUTER_POOL} (key limit {L.KEY_DAILY_LIMIT_USD:g} USD, "
+                          f"known only to the provider) and {EU_POOL} (EU-routed: {L.EU_LANE}); "
+                          f"hard-pinned: {', '.join(PINNED_LANES)}")
+
+
 def make(name: str, capacity: float) -> Scenario:
     try:
         return {"burst": burst, "idle": idle, "isolation": isolation, "multipod": multipod,
-                "provider-day": provider_day}[name](capacity)
+                "provider-day": provider_day, "provider-day-fallback": provider_day_fallback}[name](capacity)
     except KeyError:
         raise ValueError(f"unknown scenario {name!r}; known: {', '.join(NAMES)}") from None

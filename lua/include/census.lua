@@ -3,7 +3,11 @@
 -- (how many of the lane's rounds could run here now), oldestWaitingSince, spentTodayUsd,
 -- delegated, reserveLeftUsd; mustYield (borrowers that will yield at their next boundary); the
 -- provider's day on every pool of it: closedUntil, closedWhy, budgetSpentUsd, budgetLimitUsd,
--- budgetAt, committedUsd (absent: no budget today); and `starving`, closed providers first.
+-- budgetAt, committedUsd (absent: no budget today); moving between pools: alternatives (in the
+-- policy's order), moved (running here after a move), movedIn, movedOut (moves ever),
+-- hardPinned {to, waiting, oldestWaitingSince} (absent: no pinned waiter); and `starving`,
+-- closed providers first, then lanes below their floor and hard-pinned rounds waiting longer than
+-- starved_after (kind `pinned`).
 -- Arrays that can be empty are encoded by cjson as {} on some engines: readers treat {} as [].
 local function census_pool(cfg, T, pool, now, day, starving, p, L, in_flight)
   local C = slots(p)
@@ -25,6 +29,18 @@ local function census_pool(cfg, T, pool, now, day, starving, p, L, in_flight)
   local spend_fields = {}
   for _, l in ipairs(cfg.lanes) do spend_fields[#spend_fields + 1] = l.name .. '|' .. provider end
   local spent = redis.call('HMGET', key('spend', day), unpack(spend_fields))
+  local pinned_n = redis.call('ZCARD', key('pinned', pool))
+  local hard_pinned
+  if pinned_n > 0 then
+    local oldest = tonumber(redis.call('ZRANGE', key('pinned', pool), 0, 0, 'WITHSCORES')[2])
+    -- the pinned wait: since pinned rounds last got service here (a probe refused by the provider
+    -- and its retry's new ticket do not restart it), else the oldest pinned ticket
+    local since = math.min(oldest, tonumber(redis.call('HGET', key('pool', pool), 'pinnedSince')) or oldest)
+    hard_pinned = {to = pool, waiting = pinned_n, oldestWaitingSince = oldest, waitingSince = since}
+    if now - since > T.starved_after then
+      starving[#starving + 1] = {kind = 'pinned', pool = pool, waiting = pinned_n, waitingSince = since}
+    end
+  end
   local lanes, owed, borrowers = {}, r.owed, {}
   for i, l in ipairs(cfg.lanes) do
     local run, wait = L.run[l.name], L.wait[l.name]
@@ -66,7 +82,9 @@ local function census_pool(cfg, T, pool, now, day, starving, p, L, in_flight)
     lanes = lanes, owed = owed, mustYield = owed > 0 and borrowers or {},
     closedUntil = closed and pv.closedUntil or 0, closedWhy = closed and pv.why or '',
     budgetSpentUsd = bud and bud.spent / 1e6 or nil, budgetLimitUsd = bud and bud.limit / 1e6 or nil,
-    budgetAt = bud and bud.at or nil, committedUsd = bud and bud.committed / 1e6 or nil}
+    budgetAt = bud and bud.at or nil, committedUsd = bud and bud.committed / 1e6 or nil,
+    alternatives = cfg.moves.alts[pool] or {}, moved = p.moved, movedIn = p.movedIn, movedOut = p.movedOut,
+    hardPinned = hard_pinned}
 end
 
 local function build_census(cfg, now)

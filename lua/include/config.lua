@@ -9,6 +9,8 @@
 --   clock     server | caller: whose `now` the scripts take (util.lua clock)
 --   holdUntil the recovery hold after a policy was applied to a mesh without one (0 = none)
 --   providers JSON object: provider -> {limit (daily, micro-USD; absent = none), pools}
+--   moves     JSON object: alternatives {pool: [pool, ...]} (ordered), pinLanes, pinAgents (lists),
+--             agents {agent: lane} (DESIGN §7: moving between pools)
 --
 -- The library keeps the decoded policy per mesh across calls: a call reads the token (and the
 -- pool's provider) and decodes the policy again only when the token changed. State decides:
@@ -20,9 +22,18 @@ local function load_config(pool)
   if not v[1] then fail(ERR.NO_CONFIG, 'no policy applied to this mesh; run `admission config apply FILE`') end
   local c = CONFIG_CACHE[KEYS[1]]
   if not c or c.token ~= v[1] then
-    local raw = redis.call('HMGET', KEYS[1], 'version', 'lanes', 'tunables', 'holdUntil', 'providers')
+    local raw = redis.call('HMGET', KEYS[1], 'version', 'lanes', 'tunables', 'holdUntil', 'providers', 'moves')
     c = {token = v[1], version = tonumber(raw[1]), lanes = cjson.decode(raw[2]), T = cjson.decode(raw[3]),
       lane = {}, max_weight = 0, hold_until = tonumber(raw[4]) or 0, providers = cjson.decode(raw[5] or '{}')}
+    local mv = cjson.decode(raw[6] or '{}')
+    c.moves = {alts = {}, alt_set = {}, pin_lane = {}, pin_agent = {}, agents = {}}
+    for pool, list in pairs(type(mv.alternatives) == 'table' and mv.alternatives or {}) do
+      c.moves.alts[pool], c.moves.alt_set[pool] = list, {}
+      for _, a in ipairs(list) do c.moves.alt_set[pool][a] = true end
+    end
+    for _, l in ipairs(type(mv.pinLanes) == 'table' and mv.pinLanes or {}) do c.moves.pin_lane[l] = true end
+    for _, a in ipairs(type(mv.pinAgents) == 'table' and mv.pinAgents or {}) do c.moves.pin_agent[a] = true end
+    for a, l in pairs(type(mv.agents) == 'table' and mv.agents or {}) do c.moves.agents[a] = l end
     for _, l in ipairs(c.lanes) do
       c.lane[l.name] = l
       if l.weight > c.max_weight then c.max_weight = l.weight end
@@ -30,7 +41,24 @@ local function load_config(pool)
     CONFIG_CACHE[KEYS[1]] = c
   end
   return {version = c.version, lanes = c.lanes, T = c.T, lane = c.lane, max_weight = c.max_weight,
-    hold_until = c.hold_until, providers = c.providers, provider = pool and v[2] or nil}
+    hold_until = c.hold_until, providers = c.providers, moves = c.moves, provider = pool and v[2] or nil}
+end
+
+-- A round's lane: the one it names, else its agent's (laneOfAgent, [agents]).
+local function lane_of(cfg, lane, agent)
+  if lane == nil or lane == '' then
+    local own = agent ~= nil and agent ~= '' and cfg.moves.agents[agent]
+    if not own then
+      fail(ERR.UNKNOWN_LANE, 'no lane given, and agent ' .. (agent ~= '' and agent or '(none)') .. ' has no lane in [agents]')
+    end
+    return own
+  end
+  return lane
+end
+
+-- A hard pin (DESIGN §7): the lane or the agent is pinned; its rounds never move.
+local function pinned(cfg, lane, agent)
+  return cfg.moves.pin_lane[lane] == true or (agent ~= nil and agent ~= '' and cfg.moves.pin_agent[agent] == true)
 end
 
 local function check_lane(cfg, lane)

@@ -2,9 +2,10 @@
 --   est K̂, cap K (0 = never measured), slow (1 while in slow start), exhausted, exhaustedAt, why,
 --   seq (admission sequence), holdSeq (seq at the last decrease), lastGrow, clean (clean rounds
 --   since the last growth step), atCap (growth steps at K without a load signal), lastDemand,
---   succ, fail, meanSec, meanCost (micro-USD), running, waiting.
+--   succ, fail, meanSec, meanCost (micro-USD), running, waiting; moved (running here after a
+--   move), movedIn and movedOut (moves ever, to and from this pool).
 local POOL_NUM = {'est', 'cap', 'slow', 'exhausted', 'exhaustedAt', 'seq', 'holdSeq', 'lastGrow',
-  'clean', 'atCap', 'lastDemand', 'succ', 'fail', 'meanSec', 'meanCost', 'running', 'waiting', 'priced'}
+  'clean', 'atCap', 'lastDemand', 'succ', 'fail', 'meanSec', 'meanCost', 'running', 'waiting', 'priced', 'moved', 'movedIn', 'movedOut'}
 
 local function load_pool(T, pool)
   local raw = redis.call('HGETALL', key('pool', pool))

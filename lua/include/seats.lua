@@ -1,9 +1,15 @@
 -- Seats and waiter tickets with leases.
 --   seats            sorted set: seat id -> lease expiry
---   seat:<id>        hash: lane, pool, pod, agent, at, seq, parent, rev, delegated, signalled, probe
+--   seat:<id>        hash: lane, pool, pod, agent, at, seq, parent, rev, delegated (delegatedBy: the
+--                    parent's id), movedFrom (the pool it asked for, when it runs on an
+--                    alternative), signalled, probe
 --   tickets          sorted set: ticket id -> lease expiry
 --   ticket:<id>      hash: lane, pool, pod, agent, since
 --   wait:<p>:<lane>  sorted set: ticket id -> enqueue time (oldest first)
+--   pinned:<p>       sorted set: the tickets of hard-pinned rounds waiting for p -> enqueue time;
+--                    pool:<p> pinnedSince: since when pinned rounds wait there without service
+--                    (a probe is not service: the pinned wait goes on through it)
+--   pool:<p> moved   seats running on p that moved there (movedIn/movedOut: moves ever, admit.lua)
 --   gone:<id>        string "<state>|<seq>|<pod>|<pool>|<lane>" with state released or expired,
 --                    kept a day, so a retried release counts once and a late one is recognised
 local GONE_TTL = 86400
@@ -11,10 +17,11 @@ local GONE_TTL = 86400
 local function add_seat(cfg, pool, lane, id, s, lease_until)
   redis.call('HSET', key('seat', id), 'lane', lane, 'pool', pool, 'pod', s.pod, 'agent', s.agent or '',
     'at', fmt(s.at), 'seq', s.seq, 'parent', s.parent or '', 'rev', s.rev or '',
-    'delegated', s.delegated or '', 'signalled', s.signalled or '', 'probe', s.probe or '')
+    'delegated', s.delegated or '', 'movedFrom', s.movedFrom or '', 'signalled', s.signalled or '', 'probe', s.probe or '')
   redis.call('ZADD', key('seats'), lease_until, id)
   redis.call('HINCRBY', key('lanes', pool), lane, 1)
   if s.delegated and s.delegated ~= '' then redis.call('HINCRBY', key('lanes', pool), lane .. '|d', 1) end
+  if s.movedFrom and s.movedFrom ~= '' then redis.call('HINCRBY', key('pool', pool), 'moved', 1) end
   redis.call('HINCRBY', key('pool', pool), 'running', 1)
 end
 
@@ -32,6 +39,7 @@ local function drop_seat(id, s, state)
   redis.call('ZREM', key('seats'), id)
   redis.call('HINCRBY', key('lanes', s.pool), s.lane, -1)
   if s.delegated and s.delegated ~= '' then redis.call('HINCRBY', key('lanes', s.pool), s.lane .. '|d', -1) end
+  if s.movedFrom and s.movedFrom ~= '' then redis.call('HINCRBY', key('pool', s.pool), 'moved', -1) end
   redis.call('HINCRBY', key('pool', s.pool), 'running', -1)
   redis.call('SET', key('gone', id), table.concat({state, s.seq, s.pod, s.pool, s.lane}, '|'), 'EX', GONE_TTL)
 end
@@ -75,6 +83,10 @@ local function drop_ticket(id, t)
   redis.call('DEL', key('ticket', id))
   redis.call('ZREM', key('tickets'), id)
   redis.call('ZREM', key('wait', t.pool, t.lane), id)
+  -- the last pinned waiter gone without service (given up, expired): the pinned wait ends
+  if redis.call('ZREM', key('pinned', t.pool), id) == 1 and redis.call('ZCARD', key('pinned', t.pool)) == 0 then
+    redis.call('HDEL', key('pool', t.pool), 'pinnedSince')
+  end
   redis.call('HINCRBY', key('lanes', t.pool), t.lane .. '|w', -1)
   redis.call('HINCRBY', key('pool', t.pool), 'waiting', -1)
 end
