@@ -4,8 +4,8 @@ The public surface (everything else is internal):
 """
 from .classify import outcome_of
 from .client import Admission, Round
-from .codes import ADMIT_REASONS, REFUSE_REASONS, UNAVAILABLE, Status
-from .core import Decision, Released, Seat
+from .codes import ADMIT_REASONS, FENCE_REASONS, REFUSE_REASONS, UNAVAILABLE, Status
+from .core import Bound, Decision, Released, Retried, Seat
 from .errors import (AdmissionError, BadArgument, BadName, NoPolicy, NotYourSeat, PolicyError,
                      RoundInProgress, ScriptError, StaleVersion, Unavailable, UnknownLane, UnknownPool,
                      UnknownSeat, WaitTimeout)
@@ -14,8 +14,8 @@ from .urgency import urgency
 from .aio import AsyncAdmission
 
 __all__ = [
-    "Admission", "AsyncAdmission", "Round", "Decision", "Seat", "Released", "Status",
-    "ADMIT_REASONS", "REFUSE_REASONS", "UNAVAILABLE", "urgency", "outcome_of",
+    "Admission", "AsyncAdmission", "Round", "Decision", "Seat", "Released", "Retried", "Bound", "Status",
+    "ADMIT_REASONS", "REFUSE_REASONS", "FENCE_REASONS", "UNAVAILABLE", "urgency", "outcome_of",
     "AdmissionError", "BadArgument", "BadName", "UnknownLane", "UnknownPool", "UnknownSeat",
     "NotYourSeat", "NoPolicy", "PolicyError", "StaleVersion", "WaitTimeout", "Unavailable",
     "RoundInProgress", "ScriptError",

@@ -22,7 +22,8 @@ from .base import CURRENT_ROUND, ClientBase, charge_record
 from .outbox import Retry
 from .classify import outcome_of
 from .client import CONNECT_TIMEOUT, SOCKET_TIMEOUT, Round, fail_fast_options, policy_of
-from .core import UNREACHABLE, Call, Charged, Core, Decision, Released, Rollover, Seat, Tick, decode_ledger
+from .core import (UNREACHABLE, Bound, Call, Charged, Core, Decision, Released, Retried, Rollover, Seat, Tick,
+                   decode_ledger)
 from .errors import AdmissionError, NoPolicy, UnknownSeat, NotYourSeat, Unavailable, WaitTimeout
 
 log = get_logger("admission")
@@ -40,8 +41,9 @@ class AsyncAdmission(ClientBase):
     """One pod's handle on one mesh, for asyncio workers."""
 
     def __init__(self, client: aredis.Redis, *, mesh: str, pod: str, background: bool = True,
-                 seed: int | None = None, outbox: Any = None):
-        super().__init__(client, mesh=mesh, pod=pod, background=background, seed=seed, outbox=outbox)
+                 seed: int | None = None, outbox: Any = None, health: Any = False):
+        super().__init__(client, mesh=mesh, pod=pod, background=background, seed=seed, outbox=outbox,
+                         health=health)
         self._lock = asyncio.Lock()
         self._wakers: dict[str, asyncio.Condition] = {}  # per pool, on one lock
         self._task: asyncio.Task | None = None
@@ -86,22 +88,23 @@ class AsyncAdmission(ClientBase):
 
     async def try_admit(self, *, lane: str | None = None, model: str, round_id: str, agent: str | None = None,
                         now: float | None = None, draw: float | None = None, wait: bool = False,
-                        parent: str | None = None, revision: str | None = None,
-                        alternatives: list[str] | None = None) -> Decision:
+                        parent: str | None = None, revision: int | None = None,
+                        alternatives: list[str] | None = None, borrow: str | None = None) -> Decision:
         """As the sync client's: refused on ``model``, the round moves to the first alternative
         that admits it, in one call (``alternatives``: the ranking; default a Thompson draw)."""
         await self._know_policy()
         lane = self._lane(lane, agent)
-        if alternatives is None:
+        if alternatives is None and not borrow:
             alternatives = self._ranking(model, lane, agent)
+        wait = wait and not borrow  # a borrow never waits
         call = self.core.admit(lane=lane, model=model, round_id=round_id, agent=agent, now=now, draw=draw,
-                               wait=wait, parent=parent, revision=revision, alternatives=alternatives,
-                               on_stats=self._note_stats)
+                               wait=wait, parent=parent, revision=revision, borrow=borrow,
+                               alternatives=alternatives or (), on_stats=self._note_stats)
         try:
             d = await self._exec(call)
         except UNREACHABLE as exc:
             log.warning("admission_unavailable", round=round_id, error=str(exc))
-            d = self.core.unavailable(lane=lane, model=model, round_id=round_id)
+            d = self.core.unavailable(lane=lane, model=model, round_id=round_id, borrow=borrow)
         if self._note_decision(d, lane, wait):
             self._ensure_clock()
         if self._stale_tunables(d):  # a new policy: its moves for the next ask
@@ -144,6 +147,32 @@ class AsyncAdmission(ClientBase):
 
         await asyncio.to_thread(self._pending.replay, apply)
         return len(self._pending)
+
+    # -- the fence between planes ------------------------------------------------------------------
+    async def retry(self, seat: Seat, *, now: float | None = None, attempt: str | None = None) -> Retried:
+        """An attempt of this seated round failed: spend one retry of the plane where it ran
+        (``retry_same_plane``), or learn that none is left (``compensate_or_shed``: compensate or
+        drop inside that plane; never retry on another plane's budget). The count is kept in
+        Redis beside the intent, so a restarted pod goes on from it. ``attempt``: a key of the
+        failed attempt, so a retry sent again after a lost reply spends nothing more."""
+        return await self._exec_or_raise(self.core.retry(seat, now, attempt))
+
+    async def bind(self, seat: Seat | str, revision: int, *, now: float | None = None) -> Bound:
+        """Bind a result to the revision it observed: ``reject_stale_revision`` when the intent's
+        watermark has moved past it (never replay it onto the primary; release the attempt's
+        seat inside its own plane)."""
+        rid = seat if isinstance(seat, str) else seat.id
+        return await self._exec_or_raise(self.core.bind(action="bind", round_id=rid, revision=revision, now=now))
+
+    async def advance(self, round_id: str, revision: int, *, now: float | None = None) -> Bound:
+        """The intent moved on to ``revision`` (the fixture changed): older results are stale."""
+        return await self._exec_or_raise(self.core.bind(action="advance", round_id=round_id, revision=revision, now=now))
+
+    async def report_health(self, pool: str, *, depth: int, running: int | None = None, ok: bool = True,
+                      at: float | None = None, now: float | None = None) -> float:
+        """Write a health sample of a plane (a lease: fresh for the pool's health_max_age);
+        returns until when it counts as capacity."""
+        return await self._exec_or_raise(self.core.health(pool=pool, depth=depth, running=running, ok=ok, at=at, now=now))
 
     async def report_budget(self, reading: Any, now: float | None = None) -> dict[str, Any]:
         return await self._exec_or_raise(self.core.budget(provider=reading.provider, limit_usd=reading.limit_usd,
@@ -320,6 +349,13 @@ class AsyncAdmission(ClientBase):
         await self.tunables()
         await self.heartbeat()
 
+    async def _sample_health(self) -> None:
+        if self._health_stale():
+            self._health_rebuild(await self.policy())
+        due = self._health_due()
+        if due:
+            await self._health_run.arun_once(self, due)
+
     def _ensure_clock(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._clock())
@@ -347,6 +383,8 @@ class AsyncAdmission(ClientBase):
                 await self._step("watchdog", self._watchdog)
             if len(self._pending):  # every turn: a backlog of ledger records drains as Redis answers
                 await self._step("pending", self.flush)
+            if self._health:
+                await self._step("health", self._sample_health)
             if now >= next_tick:
                 await self._step("tick", self.tick)
                 next_tick = now + self._tunables["grow_interval"]

@@ -17,6 +17,7 @@ from ._log import get_logger
 from .codes import OUTCOMES, UNAVAILABLE
 from .core import Call, Core, Decision, Heartbeat, Seat, _money
 from .errors import AdmissionError, BadArgument, NotYourSeat, RoundInProgress
+from .health import SamplerRun, samplers_from_policy
 from .outbox import Outbox, OutboxFull, Retry
 from .waiting import Book, Snapshot
 
@@ -104,7 +105,7 @@ class Pending:
 
 class ClientBase:
     def __init__(self, client: Any, *, mesh: str, pod: str, background: bool = True, seed: int | None = None,
-                 outbox: str | Path | Outbox | None = None):
+                 outbox: str | Path | Outbox | None = None, health: bool | list[Any] = False):
         self.redis = client
         self.core = Core(mesh, pod, seed)
         self.mesh, self.pod = mesh, pod
@@ -119,6 +120,11 @@ class ClientBase:
         self._moves: dict[str, Any] = NO_MOVES  # the live alternatives, pins and lanes of agents
         self._movers: dict[str, set[str]] = {}  # pool -> the pools that list it as an alternative
         self._stats: dict[str, tuple[float, float, float]] = {}  # pool -> successes, failures, mean USD
+        # the planes' health samplers this pod's clock runs: none, the policy's (True: each pool's
+        # health_url, rebuilt when the policy changes), or the caller's own
+        self._health = health
+        self._health_run: Any = None if isinstance(health, bool) else SamplerRun(health)
+        self._health_version = -1
 
     #: What the clients read of the config hash for the live tunables and moves.
     POLICY_FIELDS = ("version", "tunables", "moves")
@@ -135,6 +141,17 @@ class ClientBase:
                     movers.setdefault(alt, set()).add(pool)
             self._movers = movers
         return self._tunables
+
+    def _health_stale(self) -> bool:
+        """The policy's samplers must be built again (a new policy version)."""
+        return self._health is True and self._health_version != self._tunables_version
+
+    def _health_rebuild(self, policy: dict[str, Any]) -> None:
+        self._health_run = SamplerRun(samplers_from_policy(policy))
+        self._health_version = self._tunables_version
+
+    def _health_due(self) -> list[Any]:
+        return self._health_run.due(time.monotonic()) if self._health_run is not None else []
 
     # -- moving between pools (DESIGN §7) -----------------------------------------------------
     def _lane(self, lane: str | None, agent: str | None) -> str:

@@ -367,12 +367,12 @@ class _NoBar:
 
 
 @contextlib.contextmanager
-def _progress(total: int, progress: bool | None) -> Iterator[Any]:
-    """progress None: a bar when stderr is a terminal; True: always; False: never."""
+def progress_bar(total: int, progress: bool | None, unit: str = "call", desc: str = "bench") -> Iterator[Any]:
+    """progress None: a bar when stderr is a terminal; True: always; False: never (the tools share it)."""
     if progress is False or (progress is None and not sys.stderr.isatty()):
         yield _NoBar()
         return
-    with tqdm(total=total, unit="call", desc="bench", dynamic_ncols=True, leave=False) as bar:
+    with tqdm(total=total, unit=unit, desc=desc, dynamic_ncols=True, leave=False) as bar:
         yield bar
 
 
@@ -387,7 +387,7 @@ def run(engine: str, lanes: Sequence[int], seats: Sequence[int], waiters: Sequen
     total = sum(s for _ in lanes for s in seats) + sum(
         (c.waiters + REFILL if c.waiters else 0) + iterations for c in grid)
     started = time.perf_counter()
-    with LocalServer(engine) as srv, _progress(total, progress) as bar:
+    with LocalServer(engine) as srv, progress_bar(total, progress) as bar:
         setup = redis.Redis.from_url(srv.url)
         adm = Admission(redis.Redis.from_url(srv.url, **fail_fast_options()), mesh=MESH, pod="bench",
                         background=False, seed=0)
@@ -515,7 +515,7 @@ def run_census(engine: str, lanes: Sequence[int], estimates: Sequence[int], iter
     """census and tick per (lanes, estimate) against a fresh local server; the figures as a dict."""
     cases = [CensusCase(l, e) for l in sorted(set(lanes)) for e in sorted(set(estimates))]
     started = time.perf_counter()
-    with LocalServer(engine) as srv, _progress(2 * iterations * len(cases), progress) as bar:
+    with LocalServer(engine) as srv, progress_bar(2 * iterations * len(cases), progress) as bar:
         setup = redis.Redis.from_url(srv.url)
         adm = Admission(redis.Redis.from_url(srv.url, **fail_fast_options(socket_timeout=60)), mesh=MESH,
                         pod="bench", background=False, seed=0)

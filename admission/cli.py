@@ -10,6 +10,8 @@
     admission provider close|reopen NAME --why WORD [--seconds S]
     admission budget sync                 (run the policy's budget readers once)
     admission day-rollover [--now T]      (the 00:00 UTC cron: budget readings, reopen, census)
+    admission health run [--once]         (the planes' health samplers: each pool's health_url)
+    admission fence-report --intents N --seed S   (faults injected at the fence; exit 1 if it leaked)
     admission simulate ... | admission demo ... | admission demo-pod ... | admission bench ...
 """
 from __future__ import annotations
@@ -22,13 +24,14 @@ import time
 
 import structlog
 
-from . import alternatives, dayjob, doctor
+from . import alternatives, dayjob, doctor, health
 from ._log import show
 from .client import Admission
 from .errors import AdmissionError, Unavailable
 from .view import render_census, render_ledger
 
-DELEGATED = {"simulate": "admission.sim.cli", "demo": "admission.demo", "bench": "admission.bench"}
+DELEGATED = {"simulate": "admission.sim.cli", "demo": "admission.demo", "bench": "admission.bench",
+             "fence-report": "admission.fence_report"}
 
 
 def _connect(args) -> Admission:
@@ -211,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     _now_arg(p)
     _conn_args(p)
     p.set_defaults(func=cmd_rollover)
+    p = health.add_parser(sub)
+    _conn_args(p)
+    p.set_defaults(func=lambda a: health.run_cli(a, _connect(a)))
     for name, module in DELEGATED.items():
         sub.add_parser(name, help=f"see `admission {name} --help`", add_help=False)
     sub.add_parser("demo-pod", help="one demo pod (docker-compose)", add_help=False)

@@ -25,7 +25,8 @@ from ._log import get_logger
 from .base import CURRENT_ROUND, ClientBase, charge_record
 from .classify import outcome_of
 from .outbox import Retry
-from .core import UNREACHABLE, Call, Charged, Core, Decision, Released, Rollover, Seat, Tick, decode_ledger
+from .core import (UNREACHABLE, Bound, Call, Charged, Core, Decision, Released, Retried, Rollover, Seat, Tick,
+                   decode_ledger)
 from .errors import AdmissionError, NoPolicy, NotYourSeat, Unavailable, UnknownSeat, WaitTimeout
 
 log = get_logger("admission")
@@ -69,15 +70,19 @@ class Admission(ClientBase):
     """One pod's handle on one mesh."""
 
     def __init__(self, client: redis.Redis, *, mesh: str, pod: str, background: bool = True,
-                 seed: int | None = None, outbox: Any = None):
+                 seed: int | None = None, outbox: Any = None, health: Any = False):
         """``outbox``: a file path (one per pod) where the releases and charges that meet an
-        unreachable Redis wait, durably, to be replayed once; without one they wait in memory."""
-        super().__init__(client, mesh=mesh, pod=pod, background=background, seed=seed, outbox=outbox)
+        unreachable Redis wait, durably, to be replayed once; without one they wait in memory.
+        ``health``: True = this pod's clock runs the planes' health samplers of the policy (each
+        pool's ``health_url``); a list = these samplers (``admission.health.Sampler``)."""
+        super().__init__(client, mesh=mesh, pod=pod, background=background, seed=seed, outbox=outbox,
+                         health=health)
         self._cond = threading.Condition()  # guards the book
         self._wakers: dict[str, threading.Condition] = {}  # per pool, on the same lock
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        if background and len(self._pending):  # a restarted pod replays its outbox at once
+        # a restarted pod replays its outbox at once; the samplers run whether or not a round is held
+        if background and (len(self._pending) or self._health):
             self._ensure_clock()
 
     @classmethod
@@ -132,8 +137,8 @@ class Admission(ClientBase):
     # -- one round -----------------------------------------------------------------------------
     def try_admit(self, *, lane: str | None = None, model: str, round_id: str, agent: str | None = None,
                   now: float | None = None, draw: float | None = None, wait: bool = False,
-                  parent: str | None = None, revision: str | None = None,
-                  alternatives: list[str] | None = None) -> Decision:
+                  parent: str | None = None, revision: int | None = None,
+                  alternatives: list[str] | None = None, borrow: str | None = None) -> Decision:
         """Ask once. ``wait=True`` leaves a waiter ticket when refused (renewed by this pod's
         heartbeat). An unreachable Redis gives a refusal with reason ``admission-unavailable``.
         A refused try (``wait=False``) changes nothing: a waiter elsewhere keeps its place.
@@ -142,16 +147,17 @@ class Admission(ClientBase):
         it, in one call: ``alternatives`` ranks them (default: a Thompson draw; [] = stay)."""
         self._know_policy()
         lane = self._lane(lane, agent)
-        if alternatives is None:
+        if alternatives is None and not borrow:
             alternatives = self._ranking(model, lane, agent)
+        wait = wait and not borrow  # a borrow never waits
         call = self.core.admit(lane=lane, model=model, round_id=round_id, agent=agent, now=now, draw=draw,
-                               wait=wait, parent=parent, revision=revision, alternatives=alternatives,
-                               on_stats=self._note_stats)
+                               wait=wait, parent=parent, revision=revision, borrow=borrow,
+                               alternatives=alternatives or (), on_stats=self._note_stats)
         try:
             d = self._exec(call)
         except UNREACHABLE as exc:
             log.warning("admission_unavailable", round=round_id, error=str(exc))
-            d = self.core.unavailable(lane=lane, model=model, round_id=round_id)
+            d = self.core.unavailable(lane=lane, model=model, round_id=round_id, borrow=borrow)
         with self._cond:
             clock = self._note_decision(d, lane, wait)
         if clock:
@@ -199,6 +205,32 @@ class Admission(ClientBase):
         returns how many are still waiting."""
         self._pending.replay(self._apply_record)
         return len(self._pending)
+
+    # -- the fence between planes ------------------------------------------------------------------
+    def retry(self, seat: Seat, *, now: float | None = None, attempt: str | None = None) -> Retried:
+        """An attempt of this seated round failed: spend one retry of the plane where it ran
+        (``retry_same_plane``), or learn that none is left (``compensate_or_shed``: compensate or
+        drop inside that plane; never retry on another plane's budget). The count is kept in
+        Redis beside the intent, so a restarted pod goes on from it. ``attempt``: a key of the
+        failed attempt, so a retry sent again after a lost reply spends nothing more."""
+        return self._exec_or_raise(self.core.retry(seat, now, attempt))
+
+    def bind(self, seat: Seat | str, revision: int, *, now: float | None = None) -> Bound:
+        """Bind a result to the revision it observed: ``reject_stale_revision`` when the intent's
+        watermark has moved past it (never replay it onto the primary; release the attempt's
+        seat inside its own plane)."""
+        rid = seat if isinstance(seat, str) else seat.id
+        return self._exec_or_raise(self.core.bind(action="bind", round_id=rid, revision=revision, now=now))
+
+    def advance(self, round_id: str, revision: int, *, now: float | None = None) -> Bound:
+        """The intent moved on to ``revision`` (the fixture changed): older results are stale."""
+        return self._exec_or_raise(self.core.bind(action="advance", round_id=round_id, revision=revision, now=now))
+
+    def report_health(self, pool: str, *, depth: int, running: int | None = None, ok: bool = True,
+                      at: float | None = None, now: float | None = None) -> float:
+        """Write a health sample of a plane (a lease: fresh for the pool's health_max_age);
+        returns until when it counts as capacity."""
+        return self._exec_or_raise(self.core.health(pool=pool, depth=depth, running=running, ok=ok, at=at, now=now))
 
     # -- the provider's day ----------------------------------------------------------------------
     def report_budget(self, reading: Any, now: float | None = None) -> dict[str, Any]:
@@ -394,6 +426,14 @@ class Admission(ClientBase):
         self.tunables()
         self.heartbeat()
 
+    def _sample_health(self) -> None:
+        """The planes' health samplers that are due (``health=``): a failed one writes nothing."""
+        if self._health_stale():
+            self._health_rebuild(self.policy())
+        due = self._health_due()
+        if due:
+            self._health_run.run_once(self, due)
+
     def _ensure_clock(self) -> None:
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
@@ -423,6 +463,8 @@ class Admission(ClientBase):
                 self._step("watchdog", self._watchdog)
             if len(self._pending):  # every turn: a backlog of ledger records drains as Redis answers
                 self._step("pending", self.flush)
+            if self._health:
+                self._step("health", self._sample_health)
             if now >= next_tick:
                 self._step("tick", self.tick)
                 next_tick = now + self._tunables["grow_interval"]

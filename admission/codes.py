@@ -37,11 +37,20 @@ ERRORS = {
 }
 
 #: Why a round was admitted (DESIGN §5): the rule that let it in.
-ADMIT_REASONS = ("probe", "within-floor", "overdraft", "borrowed", "same-intent")
+ADMIT_REASONS = ("probe", "within-floor", "overdraft", "borrowed", "delegated", "same-intent")
 #: Why a round was refused, in the order the checks run; ``full`` is a borrow (or a lane below
 #: its floor on a measured pool) that finds no free slot, so no draw was made.
 REFUSE_REASONS = ("recovering", "provider-closed", "budget-reserve", "budget-spent", "behind-older", "reserved",
                   "cost-guard", "fair-share", "full", "draw")
+#: Why a borrow was refused or shed (DESIGN §8, in the seed fixture's order), and a borrow for a
+#: revision older than its intent's watermark.
+FENCE_REASONS = ("reject_stale_primary_health", "reject_primary_depth", "reject_primary_retry_exhausted",
+                 "reject_stale_borrowed_health", "shed_borrowed_depth", "shed_borrowed_retry",
+                 "reject_stale_revision")
+#: What ``retry`` decides: spend one retry of the attempt's own plane, or none is left.
+RETRY_DECISIONS = ("retry_same_plane", "compensate_or_shed")
+#: What ``bind`` and ``advance`` decide.
+BIND_DECISIONS = ("bound", "reject_stale_revision", "reject_not_admitted", "advanced")
 #: The client's own refusal when Redis cannot be reached (DESIGN §8: absence sheds).
 UNAVAILABLE = "admission-unavailable"
 

@@ -16,7 +16,7 @@ import numpy as np
 import redis
 
 from .alternatives import alternatives as alternatives_of
-from .codes import OUTCOMES, REPORT_SIGNALS, UNAVAILABLE, Status
+from .codes import FENCE_REASONS, OUTCOMES, REPORT_SIGNALS, UNAVAILABLE, Status
 from .errors import BadArgument, BadName, ScriptError, from_reply
 
 _MESH = re.compile(r"^[\w.\-]{1,64}$")
@@ -50,6 +50,7 @@ class Decision:
     config_version: int = 0
     waiting_since: float | None = None  # refused: the waiter's place in its queue (enqueue time)
     asked: str = ""  # the pool asked for ("" = ``pool``): admitted elsewhere, the round moved
+    borrowed_for: str = ""  # a borrow: the primary pool it runs for (``pool`` is the borrowed one)
 
     def __bool__(self) -> bool:
         return self.admitted
@@ -57,7 +58,34 @@ class Decision:
     @property
     def moved_from(self) -> str | None:
         """The pool the round asked for, when it runs on one of its alternatives."""
-        return self.asked if self.admitted and self.asked and self.asked != self.pool else None
+        moved = self.admitted and self.asked and self.asked != self.pool and not self.borrowed_for
+        return self.asked if moved else None
+
+    @property
+    def shed(self) -> bool:
+        """Refused by the fence between planes (or for a stale revision): drop or compensate,
+        never wait."""
+        return not self.admitted and self.reason in FENCE_REASONS
+
+
+@dataclass(frozen=True)
+class Retried:
+    decision: str  # retry_same_plane | compensate_or_shed
+    retries_left: float | None  # on the seat's plane (None: no retry budget set there)
+    retries: int  # of the intent, persisted in Redis
+    plane: str
+
+    def __bool__(self) -> bool:
+        return self.decision == "retry_same_plane"
+
+
+@dataclass(frozen=True)
+class Bound:
+    decision: str  # bound | reject_stale_revision | reject_not_admitted | advanced
+    watermark: int
+
+    def __bool__(self) -> bool:
+        return not self.decision.startswith("reject_")
 
 
 @dataclass(frozen=True)
@@ -156,6 +184,15 @@ def _epoch(what: str, t: float | None, required: bool = False) -> str:
     return repr(float(t))
 
 
+def _revision(revision: int | None, required: bool) -> str:
+    """A revision: a whole number >= 0 (the fixture's R3 is 3), compared by the watermark."""
+    if revision is None and not required:
+        return ""
+    if isinstance(revision, bool) or not isinstance(revision, int) or not 0 <= revision <= 2 ** 53:
+        raise BadArgument(f"revision must be a whole number >= 0, got {revision!r}")
+    return str(revision)
+
+
 def _seconds(seconds: float) -> str:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
         raise BadArgument(f"seconds must be a finite number >= 0, got {seconds!r}")
@@ -211,16 +248,18 @@ class Core:
     # -- admission -------------------------------------------------------------------------
     def admit(self, *, lane: str | None, model: str, round_id: str, agent: str | None = None,
               now: float | None = None, draw: float | None = None, wait: bool = True,
-              parent: str | None = None, revision: str | None = None,
+              parent: str | None = None, revision: int | None = None, borrow: str | None = None,
               alternatives: Iterable[str] = (), on_stats: Any = None) -> Call:
         """``alternatives``: the pool's alternatives, best first (``rank``); ``on_stats`` receives
-        the outcome counts of the alternatives the script looked at ({pool: (succ, fail, USD)})."""
+        the outcome counts of the alternatives the script looked at ({pool: (succ, fail, USD)}).
+        ``borrow``: run on this pool for ``model`` (the primary), behind the fence."""
         if draw is None:
             draw = float(self.rng.random())
         elif isinstance(draw, bool) or not isinstance(draw, (int, float)) or not 0 <= draw < 1:
             raise BadArgument(f"draw must be a number in [0, 1), got {draw!r}")
         args = [round_id, lane or "", model, self.pod, agent or "", _now(now), repr(float(draw)),
-                "1" if wait else "0", parent or "", revision or "", *alternatives]
+                "1" if wait and not borrow else "0", parent or "", _revision(revision, required=False),
+                borrow or "", *(() if borrow else alternatives)]
 
         def decode(r):
             status, reason, pool, rid, seq, lane_, est, running, slots, version, at, holder, asked, stats = r
@@ -231,7 +270,8 @@ class Core:
             # same-intent from another pod: the seat is that pod's (this pod must not run the round)
             seat = Seat(_s(rid), int(seq), _s(pool), _s(lane_), _s(holder), at) if admitted else None
             return Decision(admitted, _s(reason), _s(rid), _s(lane_), _s(pool), seat, float(_s(est)),
-                            int(running), int(slots), int(version), None if admitted else at, _s(asked))
+                            int(running), int(slots), int(version), None if admitted else at, _s(asked),
+                            model if borrow else "")
 
         return self._call("admit", args, decode)
 
@@ -252,9 +292,33 @@ class Core:
         score = theta / (1 + cost / cost_scale)
         return [alts[i] for i in np.argsort(-score, kind="stable")]
 
-    def unavailable(self, *, lane: str | None, model: str, round_id: str, **_: Any) -> Decision:
-        """The shed decision when Redis cannot be reached: never a silent admit."""
-        return Decision(False, UNAVAILABLE, round_id, lane or "", model, asked=model)
+    def unavailable(self, *, lane: str | None, model: str, round_id: str, borrow: str | None = None,
+                    **_: Any) -> Decision:
+        """The shed decision when Redis cannot be reached: never a silent admit (a borrow too)."""
+        return Decision(False, UNAVAILABLE, round_id, lane or "", borrow or model, asked=model,
+                        borrowed_for=model if borrow else "")
+
+    # -- the fence between planes --------------------------------------------------------------
+    def retry(self, seat: Seat, now: float | None = None, attempt: str | None = None) -> Call:
+        def decode(r):
+            left = _s(r[2])
+            return Retried(_s(r[1]), float(left) if left else None, int(r[3]), _s(r[4]))
+
+        return self._call("retry", [seat.id, str(seat.seq), self.pod, _now(now), attempt or ""], decode)
+
+    def bind(self, *, action: str, round_id: str, revision: int, now: float | None = None) -> Call:
+        if action not in ("bind", "advance"):
+            raise BadArgument(f"action must be bind or advance, got {action!r}")
+        args = [action, round_id, _revision(revision, required=True), _now(now)]
+        return self._call("bind", args, lambda r: Bound(_s(r[1]), int(float(_s(r[2])))))
+
+    def health(self, *, pool: str, depth: int, running: int | None = None, ok: bool = True,
+               at: float | None = None, now: float | None = None) -> Call:
+        for what, v in (("depth", depth), ("running", running)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1_000_000_000):
+                raise BadArgument(f"{what} must be a whole number in [0, 1e9], got {v!r}")
+        args = [pool, str(depth), "" if running is None else str(running), "1" if ok else "0", _epoch("at", at), _now(now)]
+        return self._call("health", args, lambda r: float(_s(r[1])))
 
     def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
                 cost_usd: float | None = None, now: float | None = None, at: float | None = None) -> Call:

@@ -38,6 +38,7 @@ TUNABLES: dict[str, tuple[float, type, float, float]] = {
     "aging_unit": (86400, float, 1, 1e9),
     "cost_scale": (1, float, 1e-9, 1e9),
     "health_max_age": (30, float, 0.1, 1e6),
+    "decision_ttl": (30, float, 0.1, 86400),
 }
 
 #: The seed's budget reserves by lane name (share of the day left when the lane stops).
@@ -58,6 +59,16 @@ _PROVIDER_KEYS = {"route", "kind", "daily_limit_usd", "budget_reader", "budget_u
 #: Budget readers a provider may name (``admission/budget.py``): how its key's day is read.
 BUDGET_READERS = ("openrouter",)
 _POOL_KEYS = {"tier", "tokens"}
+#: A pool's plane (docs/design.md §8): key -> (kind, lower bound, upper bound); all optional.
+PLANE_KEYS: dict[str, tuple[type, float, float]] = {
+    "depth_limit": (int, 1, 1e9),          # waiting depth at which borrows of this plane are shed
+    "retry_budget": (int, 0, 1e9),         # a finite retry counter (tokens)
+    "retry_refill_per_s": (float, 0, 1e6),  # token-bucket refill, from Redis time
+    "health_max_age": (float, 0.1, 1e6),   # a sample older than this is not capacity
+    "health_every": (float, 0.1, 1e6),     # how often a sampler reads health_url
+}
+_PLANE_FLAGS = {"health_required"}
+_PLANE_URLS = {"health_url"}
 _PIN_KEYS = {"lanes", "agents"}
 #: The default tiers (DESIGN §7) when a policy has no ``[tiers]``: one per model family token, so
 #: the same family on another provider (or a newer version of it) is the fallback, and nothing is
@@ -156,7 +167,8 @@ def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
     for name, p in _table("[pools]", raw.get("pools", {})).items():
         p = _table(f'[pools."{name}"]', p)
         _retired(f"pools.{name}.", p)
-        _unknown(f'[pools."{name}"]', p, _POOL_KEYS)
+        _unknown(f'[pools."{name}"]', p, _POOL_KEYS | set(PLANE_KEYS) | _PLANE_FLAGS | _PLANE_URLS)
+        p = {**p, **_plane(name, p)}
         model, at, provider = name.rpartition("@")
         if not at or not model or not provider:
             raise PolicyError(f'pool "{name}" must be written model@provider')
@@ -208,6 +220,26 @@ def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
     agents = _agents(raw.get("agents", {}), lane_names)
     return {"tunables": tunables, "lanes": lanes, "providers": providers, "pools": pools, "clock": clock,
             "tiers": tiers, "alternatives": alternatives, "pins": pins, "agents": agents}
+
+
+def _plane(pool: str, p: Mapping[str, Any]) -> dict[str, Any]:
+    """A pool's plane settings, checked (the fence, docs/design.md §8)."""
+    out: dict[str, Any] = {}
+    for k, (kind, lo, hi) in PLANE_KEYS.items():
+        if k in p:
+            out[k] = _number(f'pools."{pool}".{k}', p[k], lo, hi, kind)
+    if "health_required" in p:
+        if not isinstance(p["health_required"], bool):
+            raise PolicyError(f'pools."{pool}".health_required must be true or false, got {p["health_required"]!r}')
+        out["health_required"] = p["health_required"]
+    if "health_url" in p:
+        url = p["health_url"]
+        if not isinstance(url, str) or not re.match(r"^https?://[^\s/]+", url):
+            raise PolicyError(f'pools."{pool}".health_url must be an http(s) URL, got {url!r}')
+        out["health_url"] = url
+    if "retry_refill_per_s" in out and "retry_budget" not in out:
+        raise PolicyError(f'pools."{pool}".retry_refill_per_s needs a retry_budget')
+    return out
 
 
 def _name(where: str, v: Any) -> str:

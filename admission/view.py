@@ -41,6 +41,17 @@ def render_census(doc: dict[str, Any]) -> str:
             alts = ", ".join(p.get("alternatives") or []) or "none"
             lines.append(f"    moves: running here after a move {p.get('moved', 0)}, moved in {p.get('movedIn', 0)}, "
                          f"moved out {p.get('movedOut', 0)}; alternatives: {alts}")
+        if p.get("plane"):
+            pl = p["plane"]
+            parts = [f"depth {pl['depth']}" + (f"/{pl['depthLimit']}" if pl.get("depthLimit") else "")]
+            if pl.get("retryBudget") is not None:
+                parts.append(f"retries left {_num(pl['retriesLeft'])}/{pl['retryBudget']}")
+            if pl.get("healthAgeSeconds") is not None:
+                state = "fresh" if pl["healthFresh"] else ("NOT OK" if not pl["healthOk"] else "STALE")
+                parts.append(f"health {pl['healthAgeSeconds']:.0f}s old ({state}, max {_num(pl['healthMaxAge'])}s)")
+            elif pl.get("healthRequired"):
+                parts.append("health NO SAMPLE (borrows shed)")
+            lines.append("    plane: " + ", ".join(parts))
         if p.get("hardPinned"):
             hp = p["hardPinned"]
             lines.append(f"    hard-pinned to {hp['to']}: {hp['waiting']} waiting, oldest "

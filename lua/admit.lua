@@ -12,16 +12,23 @@
   ARGV[7]  draw u in [0, 1) for the marginal admission (the client draws it)
   ARGV[8]  wait: 1 = a refused round becomes a waiter (ticket with a lease), 0 = only try
   ARGV[9]  parent round id (may be empty): a round whose parent holds a live seat is delegated
-  ARGV[10] revision (may be empty)
-  ARGV[11..] the pool's alternatives as the client ranked them (Thompson sampling, best first;
+  ARGV[10] revision: a whole number (may be empty); the intent's watermark moves up to it, and a
+           borrow for an older revision than the watermark is refused (reject_stale_revision)
+  ARGV[11] borrow: a pool to borrow ('' = none). The round runs there on behalf of the pool asked
+           for (the primary), if the fence lets it (fence.lua), and never waits; a refusal or a
+           shed changes nothing on the primary and is answered again while it lives
+           (decision_ttl)
+  ARGV[12..] the pool's alternatives as the client ranked them (Thompson sampling, best first;
            at most 1000). Only the pool's configured alternatives are tried, in this order; a
            hard-pinned lane or agent tries none.
 
-  Order (docs/design.md §5, §7): 0 delegated (parent seated: admitted at once on the parent's
+  Order (docs/design.md §5, §7, §8): 0 delegated (parent seated: admitted at once on the parent's
   lane, only a closed provider refuses it); then on the pool asked for and, while refused, on
-  each ranked alternative: 1-2 the provider's day, 3 oldest first, 4-8 the lane rules. The round
-  is seated on the first candidate that admits it, in this one call; refused everywhere, it
-  waits on the pool it asked for (the refusal is that pool's).
+  each ranked alternative: the fence on the borrowed plane (an alternative is a borrow), 1-2 the
+  provider's day, 3 oldest first, 4-8 the lane rules. The round is seated on the first candidate
+  that admits it, in this one call; refused everywhere, it waits on the pool it asked for (the
+  refusal is that pool's). A borrow (ARGV[11]) is decided on the borrowed pool alone, after the
+  fence on both planes.
 
   Reply: {status, reason, pool, seat id, seq, lane, est, running, slots, config version, at, pod,
           asked, stats}
@@ -33,7 +40,10 @@
       looked at (what the client's next Thompson draw needs)
     status ADMITTED with reason probe | within-floor | overdraft | borrowed | delegated | same-intent
     status REFUSED  with reason recovering | provider-closed | budget-reserve | budget-spent |
-                    behind-older | reserved | fair-share | cost-guard | full | draw
+                    behind-older | reserved | fair-share | cost-guard | full | draw; a borrow also
+                    reject_stale_primary_health | reject_primary_depth |
+                    reject_primary_retry_exhausted | reject_stale_borrowed_health |
+                    shed_borrowed_depth | shed_borrowed_retry | reject_stale_revision
     (a refused try, wait = 0, leaves a waiter's ticket on another pool or lane where it is)
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_LANE, ADM_UNKNOWN_POOL, ADM_NO_CONFIG
 ]]
@@ -46,6 +56,7 @@
 --@include "events"
 --@include "provider"
 --@include "decide"
+--@include "fence"
 
 local SWEEP_PER_ADMIT = 4
 local MAX_CANDIDATES = 1000
@@ -63,10 +74,15 @@ return run(function()
   if u < 0 or u >= 1 then fail(ERR.BAD_ARG, 'draw must be in [0, 1), got ' .. ARGV[7]) end
   local want_wait = check_one_of('wait', ARGV[8], {['0'] = true, ['1'] = true}) == '1'
   local parent = check_name('parent', ARGV[9], true)
-  local rev = check_name('revision', ARGV[10], true)
-  if #ARGV - 10 > MAX_CANDIDATES then fail(ERR.BAD_ARG, 'at most ' .. MAX_CANDIDATES .. ' alternatives') end
+  local rev = check_revision(ARGV[10])
+  local borrow = check_name('borrow', ARGV[11], true)
+  if borrow ~= '' then
+    check_pool(borrow)
+    if borrow == asked then fail(ERR.BAD_ARG, 'a round cannot borrow the pool it asks for') end
+  end
+  if #ARGV - 11 > MAX_CANDIDATES then fail(ERR.BAD_ARG, 'at most ' .. MAX_CANDIDATES .. ' alternatives') end
   local ranked = {}
-  for i = 11, #ARGV do ranked[#ranked + 1] = check_name('alternative', ARGV[i]) end
+  for i = 12, #ARGV do ranked[#ranked + 1] = check_name('alternative', ARGV[i]) end
   local T = cfg.T
   -- validated: writes may start
 
@@ -99,10 +115,41 @@ return run(function()
   end
   local pin = pinned(cfg, lane, agent)
 
+  -- A borrow (docs/design.md §8): decided on the borrowed plane alone, after the fence on both
+  -- planes. It never waits, and a refusal or a shed writes nothing on the primary: only the
+  -- intent's own record, so that asking again answers the same while it lives.
+  local intent = (borrow ~= '' or rev) and read_intent(id) or nil
+  local function refuse_borrow(why, b)
+    write_intent(id, 'decision', why, 'until', fmt(now + (T.decision_ttl or 30)))
+    -- the watermark still moves: the intent has seen this revision
+    if rev and why ~= 'reject_stale_revision' and rev > (intent.rev or -1) then write_intent(id, 'rev', fmt(rev)) end
+    event('shed', 'round', id, 'lane', lane, 'pool', borrow, 'primary', asked, 'pod', pod, 'reason', why)
+    return {STATUS.REFUSED, why, borrow, id, 0, lane, fmt(b.est), b.running, slots(b), cfg.version, fmt(now), pod,
+      asked, {}}
+  end
+  if borrow ~= '' then
+    if intent.decision and intent.until_ > now then -- one decision per intent id
+      local b = load_pool(T, borrow)
+      return {STATUS.REFUSED, intent.decision, borrow, id, 0, lane, fmt(b.est), b.running, slots(b), cfg.version,
+        fmt(now), pod, asked, {}}
+    end
+    local why
+    if rev and intent.rev and rev < intent.rev then why = 'reject_stale_revision' end
+    if not why then
+      local waits = redis.call('HMGET', key('pool', asked), 'waiting')
+      why = fence(load_plane(cfg, asked, now), tonumber(waits[1]) or 0, load_plane(cfg, borrow, now),
+        tonumber(redis.call('HGET', key('pool', borrow), 'waiting')) or 0)
+    end
+    if why then return refuse_borrow(why, load_pool(T, borrow)) end
+    want_wait = false
+  end
+
   -- The candidates: the pool asked for, then (unless hard-pinned) its configured alternatives
   -- in the client's ranking. A name that is not (any longer) an alternative of it is skipped.
   local cands = {asked}
-  if not pin then
+  if borrow ~= '' then
+    cands = {borrow}
+  elseif not pin then
     local allowed, seen = cfg.moves.alt_set[asked] or {}, {[asked] = true}
     for _, c in ipairs(ranked) do
       if allowed[c] and not seen[c] then
@@ -151,8 +198,12 @@ return run(function()
   local first_reason, first_p
   local stats = {}
   for i, c in ipairs(cands) do
-    local provider = i == 1 and cfg.provider or check_pool(c)
-    admitted, reason, probe, p = consider(c, provider)
+    local provider = c == asked and cfg.provider or check_pool(c)
+    -- an alternative is a borrow: the fence on the plane it borrows first
+    local shed = i > 1 and cfg.planes[c] and fence(nil, 0, load_plane(cfg, c, now),
+      tonumber(redis.call('HGET', key('pool', c), 'waiting')) or 0)
+    if shed then admitted, reason, probe, p = false, shed, false, load_pool(T, c)
+    else admitted, reason, probe, p = consider(c, provider) end
     if i > 1 then
       stats[#stats + 1] = c
       stats[#stats + 1] = p.succ
@@ -184,10 +235,15 @@ return run(function()
       redis.call('HDEL', key('pool', pool), 'pinnedSince') -- served, or the pool serves and none is pinned
     elseif pinned_since then redis.call('HSET', key('pool', asked), 'pinnedSince', pinned_since) end
     p.seq = redis.call('HINCRBY', key('pool', pool), 'seq', 1)
-    add_seat(cfg, pool, lane, id, {pod = pod, agent = agent, at = now, seq = p.seq, parent = parent, rev = rev,
-      probe = probe and '1' or '', delegated = delegated and parent or '', movedFrom = moved and asked or ''},
+    add_seat(cfg, pool, lane, id, {pod = pod, agent = agent, at = now, seq = p.seq, parent = parent,
+      rev = rev and fmt(rev) or '', probe = probe and '1' or '', delegated = delegated and parent or '',
+      movedFrom = (moved and borrow == '') and asked or '', borrowedFor = borrow ~= '' and asked or ''},
       now + T.lease_ttl)
-    if moved then
+    if intent then -- the watermark moves up to this revision; an earlier refusal is superseded
+      if rev and rev > (intent.rev or -1) then write_intent(id, 'rev', fmt(rev)) end
+      if intent.decision then redis.call('HDEL', key('intent', id), 'decision', 'until') end
+    end
+    if moved and borrow == '' then
       redis.call('HINCRBY', key('pool', pool), 'movedIn', 1)
       redis.call('HINCRBY', key('pool', asked), 'movedOut', 1)
     end
@@ -202,7 +258,12 @@ return run(function()
       pod, asked, stats}
   end
 
+  if borrow ~= '' then -- a borrow the borrowed pool refused: shed there, nothing on the primary
+    redis.call('HSET', key('pool', borrow), 'lastDemand', fmt(now))
+    return refuse_borrow(first_reason, first_p)
+  end
   -- Refused everywhere: the round waits on the pool it asked for, with that pool's reason.
+  if intent and rev and rev > (intent.rev or -1) then write_intent(id, 'rev', fmt(rev)) end
   pool, reason, p = asked, first_reason, first_p
   redis.call('HSET', key('pool', pool), 'lastDemand', fmt(now))
   -- A waiter asking on another pool or lane keeps its place unless it is admitted there, or

@@ -16,6 +16,8 @@
   ARGV[6]  each pool's alternatives, JSON {pool: [pool, ...]} in order (admission/alternatives.py
            computes them from the policy's tiers and [alternatives]; '' = none). Checked here
            too: every name in the catalog, no pool its own alternative, never off the EU route.
+  Each pool's plane settings (depth_limit, retry_budget, retry_refill_per_s, health_required,
+  health_max_age) are stored in the field `planes` (fence.lua).
   The policy's `pins` ({lanes, agents}) and `agents` (agent -> lane) are stored with the
   alternatives in the field `moves` (config.lua), checked against the lanes.
 
@@ -31,7 +33,7 @@ local RECOVERY_MARGIN = 1 -- seconds past one heartbeat period
 
 local TUNABLES = {'seed_estimate', 'max_estimate', 'slow_start_factor', 'grow_interval', 'growth_rate',
   'probe_after', 'decrease_factor', 'high_free', 'lease_ttl', 'stall_after', 'round_cap', 'starved_after',
-  'probe_every', 'closed_for', 'aging_unit', 'cost_scale', 'health_max_age'}
+  'probe_every', 'closed_for', 'aging_unit', 'cost_scale', 'health_max_age', 'decision_ttl'}
 
 return run(function()
   local token = check_name('token', ARGV[3])
@@ -71,11 +73,24 @@ return run(function()
       'provider ' .. name .. ': daily_limit_usd must be in [0, 1e9]')
     providers[name] = {pools = {}, limit = limit and math.floor(limit * 1e6 + 0.5) or nil}
   end
-  local names = {}
+  local names, planes = {}, {}
+  local function bounded(p, k, lo, hi, whole)
+    local v = p[k]
+    if v == nil then return nil end
+    need(type(v) == 'number' and v >= lo and v <= hi and (not whole or v == math.floor(v)),
+      'pool ' .. p.name .. ': ' .. k .. ' must be a number in [' .. lo .. ', ' .. hi .. ']')
+    return v
+  end
   for _, p in ipairs(policy.pools) do
     check_name('pool', p.name)
     check_name('provider', p.provider)
     need(string.find(p.name, '@', 1, true) ~= nil, 'pool ' .. p.name .. ' must be written model@provider')
+    -- the pool's plane (docs/design.md §8): the fence's limits, all optional
+    need(p.health_required == nil or type(p.health_required) == 'boolean', 'pool ' .. p.name .. ': health_required must be a boolean')
+    local plane = {depthLimit = bounded(p, 'depth_limit', 1, 1e9, true), retryBudget = bounded(p, 'retry_budget', 0, 1e9, true),
+      refill = bounded(p, 'retry_refill_per_s', 0, 1e6), healthMaxAge = bounded(p, 'health_max_age', 0.1, 1e6),
+      healthRequired = p.health_required or nil}
+    if next(plane) then planes[p.name] = plane end
     if not providers[p.provider] then providers[p.provider] = {pools = {}} end
     table.insert(providers[p.provider].pools, p.name)
     names[#names + 1] = p.name
@@ -135,7 +150,8 @@ return run(function()
   if want_hold and current == 0 then hold = now + policy.tunables.lease_ttl / 3 + RECOVERY_MARGIN end
   local fields = {'version', current + 1, 'token', token, 'lanes', cjson.encode(policy.lanes),
     'tunables', cjson.encode(policy.tunables), 'pools', cjson.encode(names), 'policy', ARGV[2],
-    'clock', clock_mode, 'holdUntil', fmt(hold), 'providers', cjson.encode(providers), 'moves', cjson.encode(moves)}
+    'clock', clock_mode, 'holdUntil', fmt(hold), 'providers', cjson.encode(providers), 'moves', cjson.encode(moves),
+    'planes', cjson.encode(planes)}
   for _, p in ipairs(policy.pools) do
     fields[#fields + 1] = 'pool:' .. p.name
     fields[#fields + 1] = p.provider

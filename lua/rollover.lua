@@ -21,6 +21,7 @@
 --@include "events"
 --@include "provider"
 --@include "decide"
+--@include "fence"
 --@include "census"
 
 return run(function()

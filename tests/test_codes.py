@@ -6,7 +6,7 @@ import re
 
 from admission import ADMIT_REASONS, REFUSE_REASONS, Status
 from admission._paths import lua_dir
-from admission.codes import ERRORS
+from admission.codes import BIND_DECISIONS, ERRORS, FENCE_REASONS, RETRY_DECISIONS
 from admission.errors import _BY_PREFIX
 from admission.scripts import COMMANDS, library
 
@@ -41,7 +41,7 @@ def test_the_server_agrees_with_python(redis_client):
 
 def test_every_reason_word_is_produced_by_the_lua():
     lua = library()[0]
-    for word in ADMIT_REASONS + REFUSE_REASONS:
+    for word in ADMIT_REASONS + REFUSE_REASONS + FENCE_REASONS + RETRY_DECISIONS + BIND_DECISIONS:
         assert f"'{word}'" in lua, word
 
 

@@ -7,7 +7,9 @@
 -- policy's order), moved (running here after a move), movedIn, movedOut (moves ever),
 -- hardPinned {to, waiting, oldestWaitingSince} (absent: no pinned waiter); and `starving`,
 -- closed providers first, then lanes below their floor and hard-pinned rounds waiting longer than
--- starved_after (kind `pinned`).
+-- starved_after (kind `pinned`); plane (absent: no fence settings and no health sample): depth,
+-- depthLimit, retriesLeft, retryBudget, healthRequired, healthAgeSeconds, healthOk, healthFresh,
+-- healthMaxAge.
 -- Arrays that can be empty are encoded by cjson as {} on some engines: readers treat {} as [].
 local function census_pool(cfg, T, pool, now, day, starving, p, L, in_flight)
   local C = slots(p)
@@ -84,7 +86,7 @@ local function census_pool(cfg, T, pool, now, day, starving, p, L, in_flight)
     budgetSpentUsd = bud and bud.spent / 1e6 or nil, budgetLimitUsd = bud and bud.limit / 1e6 or nil,
     budgetAt = bud and bud.at or nil, committedUsd = bud and bud.committed / 1e6 or nil,
     alternatives = cfg.moves.alts[pool] or {}, moved = p.moved, movedIn = p.movedIn, movedOut = p.movedOut,
-    hardPinned = hard_pinned}
+    hardPinned = hard_pinned, plane = plane_view(load_plane(cfg, pool, now), p.waiting, now)}
 end
 
 local function build_census(cfg, now)

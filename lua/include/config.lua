@@ -11,6 +11,8 @@
 --   providers JSON object: provider -> {limit (daily, micro-USD; absent = none), pools}
 --   moves     JSON object: alternatives {pool: [pool, ...]} (ordered), pinLanes, pinAgents (lists),
 --             agents {agent: lane} (DESIGN §7: moving between pools)
+--   planes    JSON object: pool -> {depthLimit, retryBudget, refill, healthRequired, healthMaxAge}
+--             (the fence between planes, fence.lua)
 --
 -- The library keeps the decoded policy per mesh across calls: a call reads the token (and the
 -- pool's provider) and decodes the policy again only when the token changed. State decides:
@@ -22,9 +24,11 @@ local function load_config(pool)
   if not v[1] then fail(ERR.NO_CONFIG, 'no policy applied to this mesh; run `admission config apply FILE`') end
   local c = CONFIG_CACHE[KEYS[1]]
   if not c or c.token ~= v[1] then
-    local raw = redis.call('HMGET', KEYS[1], 'version', 'lanes', 'tunables', 'holdUntil', 'providers', 'moves')
+    local raw = redis.call('HMGET', KEYS[1], 'version', 'lanes', 'tunables', 'holdUntil', 'providers', 'moves',
+      'planes')
     c = {token = v[1], version = tonumber(raw[1]), lanes = cjson.decode(raw[2]), T = cjson.decode(raw[3]),
       lane = {}, max_weight = 0, hold_until = tonumber(raw[4]) or 0, providers = cjson.decode(raw[5] or '{}')}
+    c.planes = cjson.decode(raw[7] or '{}')
     local mv = cjson.decode(raw[6] or '{}')
     c.moves = {alts = {}, alt_set = {}, pin_lane = {}, pin_agent = {}, agents = {}}
     for pool, list in pairs(type(mv.alternatives) == 'table' and mv.alternatives or {}) do
@@ -41,7 +45,7 @@ local function load_config(pool)
     CONFIG_CACHE[KEYS[1]] = c
   end
   return {version = c.version, lanes = c.lanes, T = c.T, lane = c.lane, max_weight = c.max_weight,
-    hold_until = c.hold_until, providers = c.providers, moves = c.moves, provider = pool and v[2] or nil}
+    hold_until = c.hold_until, providers = c.providers, moves = c.moves, planes = c.planes, provider = pool and v[2] or nil}
 end
 
 -- A round's lane: the one it names, else its agent's (laneOfAgent, [agents]).
