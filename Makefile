@@ -20,10 +20,10 @@ test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: venv
-	$(PY) -m admission.demo
+	$(PY) -m admission.tools.demo
 
 bench: venv
-	$(PY) -m admission.bench
+	$(PY) -m admission.tools.bench
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis

@@ -17,7 +17,7 @@ import redis
 
 from .alternatives import alternatives as alternatives_of
 from .codes import FENCE_REASONS, OUTCOMES, REPORT_SIGNALS, UNAVAILABLE, Status
-from .errors import BadArgument, BadName, ScriptError, from_reply
+from .errors import BadArgument, BadName, ScriptError, from_reply, without_location
 
 _MESH = re.compile(r"^[\w.\-]{1,64}$")
 
@@ -428,7 +428,7 @@ class Core:
     def translate(exc: redis.ResponseError) -> Exception:
         """Every error reply becomes one of the package's exceptions: no raw ResponseError
         leaves the client."""
-        return from_reply(str(exc)) or ScriptError(f"redis refused the call: {exc}")
+        return from_reply(str(exc)) or ScriptError(f"redis refused the call: {without_location(str(exc))}")
 
 
 #: What the clients treat as "Redis cannot be reached".

@@ -1,6 +1,8 @@
 """Exceptions: one type per kind of bad input, each mapped from a Lua error prefix."""
 from __future__ import annotations
 
+import re
+
 from .codes import ERRORS
 
 
@@ -82,8 +84,18 @@ _BY_PREFIX = {
 }
 
 
+#: What Redis and Valkey append to the error reply of a function or script: where in the Lua it
+#: was raised (``script: adm_census_…, on @user_function:138.``). A message never carries it.
+_LUA_LOCATION = re.compile(r"\s*script: [^\s,]+, on @\w+:\d+\.?\s*$")
+
+
+def without_location(message: str) -> str:
+    """An error reply's message without the Lua location the server appends to it."""
+    return _LUA_LOCATION.sub("", message)
+
+
 def from_reply(message: str) -> AdmissionError | None:
     """The exception for a script's error reply, or None when it is not one of ours."""
-    prefix, _, rest = message.partition(" ")
+    prefix, _, rest = without_location(message).partition(" ")
     kind = _BY_PREFIX.get(prefix)
     return kind(rest or prefix) if kind else None

@@ -80,14 +80,22 @@ _NAME = re.compile(r"^[A-Za-z0-9._\-/:@#]{1,200}$")
 
 def load(path: str | Path) -> dict[str, Any]:
     """Read and validate a policy file."""
+    return validate(read(path))
+
+
+def read(path: str | Path) -> dict[str, Any]:
+    """A policy file's TOML, not yet validated; a file that cannot be read is a PolicyError."""
     try:
         with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
+            return tomllib.load(fh)
     except FileNotFoundError:
         raise PolicyError(f"policy file {path} not found") from None
-    except tomllib.TOMLDecodeError as exc:
+    except IsADirectoryError:
+        raise PolicyError(f"policy file {path} is a directory, not a TOML file") from None
+    except OSError as exc:
+        raise PolicyError(f"policy file {path} cannot be read: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise PolicyError(f"policy file {path} is not valid TOML: {exc}") from None
-    return validate(raw)
 
 
 def _retired(where: str, table: Mapping[str, Any]) -> None:
@@ -136,83 +144,15 @@ def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
     if tunables["max_estimate"] < tunables["seed_estimate"]:
         raise PolicyError("tunables.max_estimate must be >= tunables.seed_estimate")
 
-    providers = {}
-    for name, p in _table("[providers]", raw.get("providers", {})).items():
-        p = _table(f"[providers.{name}]", p)
-        _retired(f"providers.{name}.", p)
-        _unknown(f"[providers.{name}]", p, _PROVIDER_KEYS)
-        route, kind = p.get("route", "global"), p.get("kind", "direct")
-        if route not in ("eu", "global"):
-            raise PolicyError(f"providers.{name}.route must be 'eu' or 'global', got {route!r}")
-        if kind not in ("direct", "router"):
-            raise PolicyError(f"providers.{name}.kind must be 'direct' or 'router', got {kind!r}")
-        entry = {"route": route, "kind": kind}
-        if "daily_limit_usd" in p:
-            entry["daily_limit_usd"] = _number(f"providers.{name}.daily_limit_usd", p["daily_limit_usd"], 0, 1e9)
-        if "budget_reader" in p:
-            if p["budget_reader"] not in BUDGET_READERS:
-                raise PolicyError(f"providers.{name}.budget_reader must be one of {', '.join(BUDGET_READERS)}, "
-                                  f"got {p['budget_reader']!r}")
-            url, env = p.get("budget_url"), p.get("api_key_env")
-            if not isinstance(url, str) or not re.match(r"^https?://[^\s/]+", url):
-                raise PolicyError(f"providers.{name}.budget_url must be an http(s) URL, got {url!r}")
-            if not isinstance(env, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", env):
-                raise PolicyError(f"providers.{name}.api_key_env must name an environment variable, got {env!r}")
-            entry.update(budget_reader=p["budget_reader"], budget_url=url, api_key_env=env)
-        elif "budget_url" in p or "api_key_env" in p:
-            raise PolicyError(f"providers.{name}: budget_url and api_key_env need a budget_reader")
-        providers[name] = entry
-
-    pools = []
-    for name, p in _table("[pools]", raw.get("pools", {})).items():
-        p = _table(f'[pools."{name}"]', p)
-        _retired(f"pools.{name}.", p)
-        _unknown(f'[pools."{name}"]', p, _POOL_KEYS | set(PLANE_KEYS) | _PLANE_FLAGS | _PLANE_URLS)
-        p = {**p, **_plane(name, p)}
-        model, at, provider = name.rpartition("@")
-        if not at or not model or not provider:
-            raise PolicyError(f'pool "{name}" must be written model@provider')
-        if provider not in providers:
-            raise PolicyError(f'pool "{name}": provider {provider!r} is not declared under [providers.{provider}]')
-        pools.append({"name": name, "provider": provider, **p})
-    if not pools:
-        raise PolicyError('policy needs at least one pool: [pools."model@provider"]')
-    if len(pools) > MAX_POOLS:
-        raise PolicyError(f"policy has {len(pools)} pools; at most {MAX_POOLS}")
+    providers = {name: _provider(name, p) for name, p in _table("[providers]", raw.get("providers", {})).items()}
+    pools = [_pool(name, p, providers) for name, p in _table("[pools]", raw.get("pools", {})).items()]
+    _pool_count(pools)
     catalog = {p["name"] for p in pools}
-
-    lanes = []
-    for name, l in _table("[lanes]", raw.get("lanes", {})).items():
-        l = _table(f"[lanes.{name}]", l)
-        _retired(f"lanes.{name}.", l)
-        _unknown(f"[lanes.{name}]", l, _LANE_KEYS)
-        lane = {
-            "name": name,
-            "floor": _number(f"lanes.{name}.floor", l.get("floor", 0), 0, 1),
-            "weight": _number(f"lanes.{name}.weight", l.get("weight", 1), 1e-6, 1e6),
-            "priority": _number(f"lanes.{name}.priority", l.get("priority", 0), -1e9, 1e9, int),
-            "reserve": _number(f"lanes.{name}.reserve", l.get("reserve", DEFAULT_RESERVE.get(name, OTHER_RESERVE)), 0, 1),
-        }
-        if "pools" in l:
-            own = l["pools"]
-            if not isinstance(own, list) or not own or not all(isinstance(x, str) for x in own):
-                raise PolicyError(f"lanes.{name}.pools must be a non-empty list of pool names")
-            missing = [x for x in own if x not in catalog]
-            if missing:
-                raise PolicyError(f"lanes.{name}.pools: {', '.join(missing)} not in [pools]")
-            lane["pools"] = own
-        lanes.append(lane)
-    if not lanes:
-        raise PolicyError("policy needs at least one lane: [lanes.<name>]")
-    if len(lanes) > MAX_LANES:
-        raise PolicyError(f"policy has {len(lanes)} lanes; at most {MAX_LANES} (a decision is O(lanes))")
-    total = sum(l["floor"] for l in lanes)
-    if total > 1 + 1e-9:
-        raise PolicyError(f"lane floors are shares of a pool and must sum to <= 1, got {total:g}")
+    lanes = [_lane(name, l, catalog) for name, l in _table("[lanes]", raw.get("lanes", {})).items()]
+    _lane_count(lanes)
+    _floors(lanes)
     lanes.sort(key=lambda l: (-l["priority"], l["name"]))
-    clock = raw.get("clock", "server")
-    if clock not in CLOCKS:
-        raise PolicyError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    clock = _clock(raw)
     lane_names = {l["name"] for l in lanes}
     tiers = _tiers(raw.get("tiers", DEFAULT_TIERS), pools)
     alternatives = _alternatives(raw.get("alternatives", {}), pools, providers)
@@ -220,6 +160,162 @@ def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
     agents = _agents(raw.get("agents", {}), lane_names)
     return {"tunables": tunables, "lanes": lanes, "providers": providers, "pools": pools, "clock": clock,
             "tiers": tiers, "alternatives": alternatives, "pins": pins, "agents": agents}
+
+
+def problems(raw: Any) -> list[str]:
+    """Every error of a policy (as read from TOML) at once, [] for a valid one: ``validate``
+    stops at the first. Each section, table and entry is checked on its own; an entry in error
+    still counts as declared for the checks that name it, so one mistake is reported once."""
+    found: list[str] = []
+
+    def check(fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except PolicyError as exc:
+            found.append(str(exc))
+            return None
+
+    if not isinstance(raw, Mapping):
+        return [f"policy must be a table, got {type(raw).__name__}"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a retired key is an error here, reported below
+        for k in raw:
+            check(_retired, "", {k: None})
+        check(_unknown, "policy", {k: None for k in raw if not _RETIRED.match(k)}, _TOP_KEYS)
+        tun = check(_table, "[tunables]", raw.get("tunables", {})) or {}
+        for k in tun:
+            check(_retired, "tunables.", {k: None})
+        check(_unknown, "[tunables]", {k: None for k in tun if not _RETIRED.match(k)}, set(TUNABLES))
+        tunables = {name: check(_number, f"tunables.{name}", tun.get(name, d), lo, hi, kind)
+                    for name, (d, kind, lo, hi) in TUNABLES.items()}
+        if None not in (tunables["max_estimate"], tunables["seed_estimate"]) \
+                and tunables["max_estimate"] < tunables["seed_estimate"]:
+            found.append("tunables.max_estimate must be >= tunables.seed_estimate")
+        # a provider, pool or lane in error stays declared (as the plainest entry of its kind)
+        plain_provider = {"route": "global", "kind": "direct"}
+        providers = {name: check(_provider, name, p) or plain_provider
+                     for name, p in (check(_table, "[providers]", raw.get("providers", {})) or {}).items()}
+        raw_pools = check(_table, "[pools]", raw.get("pools", {})) or {}
+        pools = []
+        for name, p in raw_pools.items():
+            pool = check(_pool, name, p, providers)
+            model, _, provider = str(name).rpartition("@")
+            if pool is None and model and provider in providers:
+                pool = {"name": name, "provider": provider}
+            if pool is not None:
+                pools.append(pool)
+        check(_pool_count, list(raw_pools))
+        catalog = {p["name"] for p in pools}
+        lanes = [check(_lane, name, l, catalog) or {"name": name, "floor": _floor_or_0(l)}
+                 for name, l in (check(_table, "[lanes]", raw.get("lanes", {})) or {}).items()]
+        check(_lane_count, lanes)
+        check(_floors, lanes)
+        check(_clock, raw)
+        lane_names = {l["name"] for l in lanes}
+        check(_tiers, raw.get("tiers", DEFAULT_TIERS), pools)
+        check(_alternatives, raw.get("alternatives", {}), pools, providers)
+        check(_pins, raw.get("pins", {}), lane_names)
+        check(_agents, raw.get("agents", {}), lane_names)
+    return found
+
+
+def _floor_or_0(l: Any) -> float:
+    """A lane in error keeps its floor for the sum of floors when the floor itself is right."""
+    floor = l.get("floor", 0) if isinstance(l, Mapping) else 0
+    ok = isinstance(floor, (int, float)) and not isinstance(floor, bool) and math.isfinite(floor) and 0 <= floor <= 1
+    return float(floor) if ok else 0.0
+
+
+def _provider(name: str, p: Any) -> dict[str, Any]:
+    """One ``[providers.<name>]`` entry, checked and normalized."""
+    p = _table(f"[providers.{name}]", p)
+    _retired(f"providers.{name}.", p)
+    _unknown(f"[providers.{name}]", p, _PROVIDER_KEYS)
+    route, kind = p.get("route", "global"), p.get("kind", "direct")
+    if route not in ("eu", "global"):
+        raise PolicyError(f"providers.{name}.route must be 'eu' or 'global', got {route!r}")
+    if kind not in ("direct", "router"):
+        raise PolicyError(f"providers.{name}.kind must be 'direct' or 'router', got {kind!r}")
+    entry = {"route": route, "kind": kind}
+    if "daily_limit_usd" in p:
+        entry["daily_limit_usd"] = _number(f"providers.{name}.daily_limit_usd", p["daily_limit_usd"], 0, 1e9)
+    if "budget_reader" in p:
+        if p["budget_reader"] not in BUDGET_READERS:
+            raise PolicyError(f"providers.{name}.budget_reader must be one of {', '.join(BUDGET_READERS)}, "
+                              f"got {p['budget_reader']!r}")
+        url, env = p.get("budget_url"), p.get("api_key_env")
+        if not isinstance(url, str) or not re.match(r"^https?://[^\s/]+", url):
+            raise PolicyError(f"providers.{name}.budget_url must be an http(s) URL, got {url!r}")
+        if not isinstance(env, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", env):
+            raise PolicyError(f"providers.{name}.api_key_env must name an environment variable, got {env!r}")
+        entry.update(budget_reader=p["budget_reader"], budget_url=url, api_key_env=env)
+    elif "budget_url" in p or "api_key_env" in p:
+        raise PolicyError(f"providers.{name}: budget_url and api_key_env need a budget_reader")
+    return entry
+
+
+def _pool(name: str, p: Any, providers: Mapping[str, Any]) -> dict[str, Any]:
+    """One ``[pools."model@provider"]`` entry (its provider declared), checked and normalized."""
+    p = _table(f'[pools."{name}"]', p)
+    _retired(f"pools.{name}.", p)
+    _unknown(f'[pools."{name}"]', p, _POOL_KEYS | set(PLANE_KEYS) | _PLANE_FLAGS | _PLANE_URLS)
+    p = {**p, **_plane(name, p)}
+    model, at, provider = name.rpartition("@")
+    if not at or not model or not provider:
+        raise PolicyError(f'pool "{name}" must be written model@provider')
+    if provider not in providers:
+        raise PolicyError(f'pool "{name}": provider {provider!r} is not declared under [providers.{provider}]')
+    return {"name": name, "provider": provider, **p}
+
+
+def _pool_count(pools: list[Any]) -> None:
+    if not pools:
+        raise PolicyError('policy needs at least one pool: [pools."model@provider"]')
+    if len(pools) > MAX_POOLS:
+        raise PolicyError(f"policy has {len(pools)} pools; at most {MAX_POOLS}")
+
+
+def _lane(name: str, l: Any, catalog: set[str]) -> dict[str, Any]:
+    """One ``[lanes.<name>]`` entry, checked and normalized (its pools in the catalog)."""
+    l = _table(f"[lanes.{name}]", l)
+    _retired(f"lanes.{name}.", l)
+    _unknown(f"[lanes.{name}]", l, _LANE_KEYS)
+    lane = {
+        "name": name,
+        "floor": _number(f"lanes.{name}.floor", l.get("floor", 0), 0, 1),
+        "weight": _number(f"lanes.{name}.weight", l.get("weight", 1), 1e-6, 1e6),
+        "priority": _number(f"lanes.{name}.priority", l.get("priority", 0), -1e9, 1e9, int),
+        "reserve": _number(f"lanes.{name}.reserve", l.get("reserve", DEFAULT_RESERVE.get(name, OTHER_RESERVE)), 0, 1),
+    }
+    if "pools" in l:
+        own = l["pools"]
+        if not isinstance(own, list) or not own or not all(isinstance(x, str) for x in own):
+            raise PolicyError(f"lanes.{name}.pools must be a non-empty list of pool names")
+        missing = [x for x in own if x not in catalog]
+        if missing:
+            raise PolicyError(f"lanes.{name}.pools: {', '.join(missing)} not in [pools]")
+        lane["pools"] = own
+    return lane
+
+
+def _lane_count(lanes: list[dict[str, Any]]) -> None:
+    if not lanes:
+        raise PolicyError("policy needs at least one lane: [lanes.<name>]")
+    if len(lanes) > MAX_LANES:
+        raise PolicyError(f"policy has {len(lanes)} lanes; at most {MAX_LANES} (a decision is O(lanes))")
+
+
+def _floors(lanes: list[dict[str, Any]]) -> None:
+    total = sum(l["floor"] for l in lanes)
+    if total > 1 + 1e-9:
+        raise PolicyError(f"lane floors are shares of a pool and must sum to <= 1, got {total:g}")
+
+
+def _clock(raw: Mapping[str, Any]) -> str:
+    clock = raw.get("clock", "server")
+    if clock not in CLOCKS:
+        raise PolicyError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    return clock
 
 
 def _plane(pool: str, p: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,64 @@
-"""Plain-text rendering of the census: what an operator reads at a glance."""
+"""Plain-text rendering for the CLI: the census (and its legend), the ledger, the events stream
+and the refusal counts: what an operator reads at a glance. Plain text only: no colours or
+terminal codes (the CLI redraws a terminal itself)."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Iterable, Mapping
+
+#: ``admission census --explain``: what the words of the census mean (docs/design.md §2, §5).
+LEGEND = """\
+legend
+  K̂           the estimate: how many rounds the pool is believed to serve at once right now. It
+              grows step by step while there is demand and no load signal (slow start x2, then
+              logistic towards K) and drops to 0.7 x the rounds running on a load signal.
+  K           the carrying capacity: how many rounds ran when the pool last signalled overload
+              (a 429, a stall, the round cap); 0 = never measured (slow start).
+  slots       max(1, floor(K̂)): how many rounds may run at once; free = slots - running.
+  guaranteed  the lane's floor share of the slots (largest remainder, among the lanes with work;
+              at least 1 for a waiting lane with a floor). Below it a lane is admitted while a
+              slot is free (on a never-measured pool even when none is: overdraft).
+  borrowed    the lane's running rounds above its guarantee: slots lent by lanes without work,
+              shared by weight (fair share) and by the draw p(free share).
+  must yield  lanes that borrow while a lane below its floor waits: they are refused at their next
+              round boundary (nothing is killed) until the owed slots are back; owed = those slots.
+  bound       running + how many more rounds of the lane would start now.
+  delegated   sub-rounds admitted at once on their parent's lane (the parent holds a seat).
+  starving    a closed provider with work waiting, a lane below its floor waiting longer than
+              starved_after, or a hard-pinned round waiting that long."""
+
+
+def utc_iso(t: float, ms: bool = False) -> str:
+    """Epoch seconds as ISO-8601 UTC: 2026-11-30T12:34:56Z (with milliseconds: ...56.789Z)."""
+    base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+    return f"{base}.{int(round(t * 1000)) % 1000:03d}Z" if ms else base + "Z"
+
+
+def event_time(event_id: str) -> str:
+    """The ISO-8601 UTC time of a stream entry, from its id (milliseconds of the server's clock)."""
+    return utc_iso(int(event_id.split("-", 1)[0]) / 1000, ms=True)
+
+
+def render_event(event_id: str, fields: Mapping[str, str]) -> str:
+    """One line per event: its time, ``kind=<kind>`` and the fields that say something."""
+    rest = " ".join(f"{k}={v}" for k, v in fields.items() if k != "kind" and v != "")
+    return f"{event_time(event_id)} kind={fields.get('kind', '?')}" + (f" {rest}" if rest else "")
+
+
+def render_refusals(rows: Iterable[tuple[str, str, str, int]], start: float, end: float) -> str:
+    """The refusal counts of a window (one row per pool x lane x reason, most first in a pool)."""
+    rows = list(rows)
+    head = f"refusals from {utc_iso(start)} to {utc_iso(end)}"
+    if not rows:
+        return head + ": none"
+    wp = max(4, *(len(r[0]) for r in rows))
+    wl = max(4, *(len(r[1]) for r in rows))
+    wr = max(6, *(len(r[2]) for r in rows))
+    lines = [head + ", pool x lane x reason", f"{'pool':<{wp}}  {'lane':<{wl}}  {'reason':<{wr}}  {'count':>7}"]
+    for pool, lane, reason, n in rows:
+        lines.append(f"{pool:<{wp}}  {lane:<{wl}}  {reason:<{wr}}  {n:>7}")
+    lines.append(f"{'total':<{wp + wl + wr + 4}}  {sum(r[3] for r in rows):>7}")
+    return "\n".join(lines)
 
 
 def _num(x: Any) -> str:

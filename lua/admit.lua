@@ -45,6 +45,11 @@
                     reject_primary_retry_exhausted | reject_stale_borrowed_health |
                     shed_borrowed_depth | shed_borrowed_retry | reject_stale_revision
     (a refused try, wait = 0, leaves a waiter's ticket on another pool or lane where it is)
+  Events (events.lua): an admission is an `admitted` event (a probe also a `probe` event) and
+    counts admitted|<pool>|<lane>|<reason> in `totals` (and probe|<pool>, moved|<asked>|<pool>);
+    a refusal, and a borrow's shed, is counted, not streamed: refusals:<minute> and
+    refused|<pool>|<lane>|<reason> in `totals` (a replayed borrow decision counts nothing); each
+    seat the sweep finds expired is an `expired` event; a day's budget spent, a `closed` event
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_LANE, ADM_UNKNOWN_POOL, ADM_NO_CONFIG
 ]]
 --@include "codes"
@@ -52,8 +57,8 @@
 --@include "config"
 --@include "pool"
 --@include "lanes"
---@include "seats"
 --@include "events"
+--@include "seats"
 --@include "provider"
 --@include "decide"
 --@include "fence"
@@ -123,7 +128,7 @@ return run(function()
     write_intent(id, 'decision', why, 'until', fmt(now + (T.decision_ttl or 30)))
     -- the watermark still moves: the intent has seen this revision
     if rev and why ~= 'reject_stale_revision' and rev > (intent.rev or -1) then write_intent(id, 'rev', fmt(rev)) end
-    event('shed', 'round', id, 'lane', lane, 'pool', borrow, 'primary', asked, 'pod', pod, 'reason', why)
+    count_refusal(now, borrow, lane, why) -- counted like a refusal, not streamed (events.lua)
     return {STATUS.REFUSED, why, borrow, id, 0, lane, fmt(b.est), b.running, slots(b), cfg.version, fmt(now), pod,
       asked, {}}
   end
@@ -194,7 +199,7 @@ return run(function()
     return ok, why, false, p
   end
 
-  local admitted, reason, probe, p, pool
+  local admitted, reason, probe, p, pool, pool_provider
   local first_reason, first_p
   local stats = {}
   for i, c in ipairs(cands) do
@@ -211,7 +216,7 @@ return run(function()
       stats[#stats + 1] = fmt(p.meanCost)
     end
     if admitted then
-      pool = c
+      pool, pool_provider = c, provider
       if probe then redis.call('HSET', key('provider', provider), 'lastProbe', fmt(now)) end
       break
     end
@@ -254,6 +259,12 @@ return run(function()
     if p.waiting - (own and 1 or 0) > 0 and p.running < slots(p) then wake(pool) end
     event('admitted', 'round', id, 'lane', lane, 'pool', pool, 'pod', pod, 'reason', reason,
       'asked', asked, 'delegatedBy', delegated and parent or '')
+    count('admitted', pool, lane, reason)
+    if probe then
+      count('probe', pool)
+      event('probe', 'provider', pool_provider, 'pool', pool, 'round', id, 'lane', lane, 'pod', pod)
+    end
+    if moved and borrow == '' then count('moved', asked, pool) end
     return {STATUS.ADMITTED, reason, pool, id, p.seq, lane, fmt(p.est), p.running, slots(p), cfg.version, fmt(now),
       pod, asked, stats}
   end
@@ -290,7 +301,7 @@ return run(function()
       redis.call('HDEL', key('pool', pool), 'pinnedSince')
     end
   end
-  event('refused', 'round', id, 'lane', lane, 'pool', pool, 'pod', pod, 'reason', reason)
+  count_refusal(now, pool, lane, reason) -- counted per minute, not streamed (events.lua)
   return {STATUS.REFUSED, reason, pool, id, 0, lane, fmt(p.est), p.running, slots(p), cfg.version, fmt(since), pod,
     asked, stats}
 end)

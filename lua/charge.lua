@@ -22,8 +22,8 @@
 --@include "util"
 --@include "config"
 --@include "pool"
---@include "seats"
 --@include "events"
+--@include "seats"
 --@include "provider"
 --@include "outcome"
 

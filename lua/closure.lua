@@ -11,13 +11,15 @@
   ARGV[5]  now ('' = Redis TIME)
 
   Reply: {status, closed until (0 = open)}
+  Events (events.lua): `closed` (why operator:<why>) or `reopened` (by operator:<why>), counted in
+    `totals` as closed|<provider>|operator:<why> or reopened|<provider>|operator:<why>
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_PROVIDER, ADM_NO_CONFIG
 ]]
 --@include "codes"
 --@include "util"
 --@include "config"
---@include "seats"
 --@include "events"
+--@include "seats"
 --@include "provider"
 
 return run(function()

@@ -30,6 +30,7 @@
 ]]
 --@include "codes"
 --@include "util"
+--@include "events"
 --@include "seats"
 
 return run(function()

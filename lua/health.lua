@@ -18,8 +18,8 @@
 --@include "codes"
 --@include "util"
 --@include "config"
---@include "seats"
 --@include "events"
+--@include "seats"
 --@include "provider"
 --@include "fence"
 

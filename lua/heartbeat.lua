@@ -17,6 +17,7 @@
 --@include "codes"
 --@include "util"
 --@include "config"
+--@include "events"
 --@include "seats"
 
 return run(function()

@@ -22,8 +22,8 @@
 --@include "config"
 --@include "pool"
 --@include "lanes"
---@include "seats"
 --@include "events"
+--@include "seats"
 --@include "provider"
 --@include "decide"
 

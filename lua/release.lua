@@ -21,14 +21,17 @@
     retry)
     status RELEASED, ALREADY_RELEASED (retry; nothing changed) or EXPIRED (lease had run out:
     the outcome counts, the counts were already healed by the sweep)
+  Events (events.lua): `released`; `exhausted` when the estimate decreased, `closed` for a closing
+    outcome, `reopened` when a probe ends clean; a load or closing outcome counts
+    signal|<pool>|<outcome> in `totals` (not again for the load signal the round reported)
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_SEAT, ADM_NOT_YOUR_SEAT, ADM_NO_CONFIG
 ]]
 --@include "codes"
 --@include "util"
 --@include "config"
 --@include "pool"
---@include "seats"
 --@include "events"
+--@include "seats"
 --@include "provider"
 --@include "outcome"
 

@@ -12,6 +12,8 @@
 
   Reply: {status, pool, decreased (0/1), est}
     status REPORTED, or ALREADY_REPORTED when this seat reported a load signal before (one per seat)
+  Events (events.lua): `exhausted` when the estimate decreased, `closed` for a closing signal; a
+    signal applied counts signal|<pool>|<signal> in `totals` (ALREADY_REPORTED counts nothing)
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_SEAT, ADM_NOT_YOUR_SEAT, ADM_NO_CONFIG
 ]]
 --@include "codes"

@@ -20,6 +20,7 @@
 --@include "codes"
 --@include "util"
 --@include "config"
+--@include "events"
 --@include "seats"
 --@include "fence"
 

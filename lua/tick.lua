@@ -9,6 +9,8 @@
   ARGV[2]  sweep limit (expired seats + tickets removed at most; default 100)
 
   Reply: {status, swept, {pool, est, pool, est, ...} of the pools that grew, census refreshed (0/1)}
+  Events (events.lua): `expired` for each seat whose lease ran out (pool, lane, pod), `grew` for
+    each growth step (pool, est, cap)
   Errors: ADM_BAD_ARG, ADM_NO_CONFIG
 ]]
 --@include "codes"
@@ -16,8 +18,8 @@
 --@include "config"
 --@include "pool"
 --@include "lanes"
---@include "seats"
 --@include "events"
+--@include "seats"
 --@include "provider"
 --@include "decide"
 --@include "fence"

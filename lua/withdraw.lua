@@ -10,6 +10,7 @@
 ]]
 --@include "codes"
 --@include "util"
+--@include "events"
 --@include "seats"
 
 return run(function()

@@ -27,7 +27,7 @@ import pytest
 import redis
 
 from admission import doctor
-from admission.servers import (
+from admission.tools.servers import (
     ENGINES as REAL_ENGINES,
     LocalCluster,
     LocalServer,

@@ -185,7 +185,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def test_cli_config_show_alternatives(server_url):
     conn = ["--url", server_url, "--mesh", "alts"]
     out = run("config", "show", "--alternatives", *conn)
-    assert out.returncode == 1 and "no policy applied" in out.stderr
+    assert out.returncode == 4 and "no policy applied" in out.stderr   # exit 4: no policy
     assert run("config", "apply", EXAMPLE, *conn).returncode == 0
     out = run("config", "show", "--alternatives", *conn)
     assert out.returncode == 0, out.stderr

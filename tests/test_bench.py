@@ -1,4 +1,4 @@
-"""Smoke test of the benchmark (python -m admission.bench): it runs and prints its figures.
+"""Smoke test of the benchmark (python -m admission.tools.bench): it runs and prints its figures.
 
 Not a timing assertion: the figures depend on the machine; only their presence is checked.
 """
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from admission import bench
-from admission.servers import available_engines
+from admission.tools import bench
+from admission.tools.servers import available_engines
 
 ENGINE = next(iter(available_engines()), None)
 pytestmark = [pytest.mark.real,

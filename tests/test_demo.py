@@ -1,4 +1,4 @@
-"""The demo (python -m admission.demo) end to end on a real server: a few seconds with 2 pods.
+"""The demo (python -m admission.tools.demo) end to end on a real server: a few seconds with 2 pods.
 
 Checks that rounds complete through the real client and that every process it started is gone
 afterwards (pods and server). Not a timing assertion.
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from admission import demo
-from admission.servers import LocalServer, available_engines
+from admission.tools import demo
+from admission.tools.servers import LocalServer, available_engines
 
 ENGINE = next(iter(available_engines()), None)
 pytestmark = [pytest.mark.real,

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from admission import Admission, scripts
-from admission.servers import LocalServer
+from admission.tools.servers import LocalServer
 
 from conftest import REAL
 

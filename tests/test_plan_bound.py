@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from admission import bench
-from admission.servers import available_engines
+from admission.tools import bench
+from admission.tools.servers import available_engines
 
 from helpers import POOL, T0, adm, lane_row, policy
 

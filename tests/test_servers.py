@@ -1,4 +1,4 @@
-"""Quick checks of admission.servers (the harness every other test relies on)."""
+"""Quick checks of admission.tools.servers (the harness every other test relies on)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from admission.servers import LocalServer, ServerStartError, _slot_ranges, free_port
+from admission.tools.servers import LocalServer, ServerStartError, _slot_ranges, free_port
 
 
 def _alive(pid: int) -> bool:

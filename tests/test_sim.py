@@ -1,4 +1,4 @@
-"""admission.sim: the provider model, reproducibility, and the seed's relations on the shipped
+"""admission.tools.sim: the provider model, reproducibility, and the seed's relations on the shipped
 Lua (docs/simulation.md). Runs are seeded, so every figure here is exact and the relations are
 not flaky: a failing relation means the code (simulator or admission) changed what it does.
 
@@ -12,11 +12,11 @@ import math
 
 import pytest
 
-from admission.servers import find_server
-from admission.sim import cli, load, model, scenarios
-from admission.sim.day import START_HOUR
-from admission.sim.policies import LANES
-from admission.sim.runner import Backend, Job, rng_for, run_job, simulate
+from admission.tools.servers import find_server
+from admission.tools.sim import cli, load, model, scenarios
+from admission.tools.sim.day import START_HOUR
+from admission.tools.sim.policies import LANES
+from admission.tools.sim.runner import Backend, Job, rng_for, run_job, simulate
 
 K = 18.0
 ENGINE = next((e for e in ("redis", "valkey") if find_server(e)), None)
@@ -212,7 +212,7 @@ def test_cli_rejects_bad_arguments(capsys):
 # -- provider-day -------------------------------------------------------------------------------
 def test_provider_key_counts_its_day_and_resets_at_midnight():
     from admission.classify import outcome_of
-    from admission.sim.engine import EPOCH
+    from admission.tools.sim.engine import EPOCH
 
     key = model.ProviderKey(1.0, 0.02)               # 1 USD a day, 0.02 USD per 1,000 tokens
     t = EPOCH                                         # 08:00 UTC
@@ -322,7 +322,7 @@ def test_provider_day_without_the_rules_every_lane_stops_at_once_in_a_storm(shor
 
 @needs_server
 def test_provider_day_report_table_json_and_plot(short_day, tmp_path):
-    from admission.sim import report
+    from admission.tools.sim import report
 
     doc = report.collect(list(short_day.values()), config={"runs": 1, "seed": 1, "capacity": K, "hours": 10})
     sc = doc["scenarios"]["provider-day"]
@@ -371,7 +371,7 @@ def _roles(f: dict) -> dict[str, list[str]]:
 def test_two_provider_day_load_and_policies():
     from admission.alternatives import alternatives
     from admission.policy import validate
-    from admission.sim.policies import DayFallback
+    from admission.tools.sim.policies import DayFallback
 
     sc = scenarios.make("provider-day-fallback", K)
     assert list(sc.pools) == [scenarios.ROUTER_POOL, scenarios.EU_POOL] and sc.other_keys == {"azure-eu": None}
@@ -443,7 +443,7 @@ def test_provider_day_without_fallback_the_lanes_stop(short_fallback_day):
 
 @needs_server
 def test_provider_day_fallback_report_table_json_and_plot(short_fallback_day, tmp_path):
-    from admission.sim import report
+    from admission.tools.sim import report
 
     doc = report.collect(list(short_fallback_day.values()),
                          config={"runs": 1, "seed": 1, "capacity": K, "hours": 10})

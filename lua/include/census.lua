@@ -89,6 +89,7 @@ local function census_pool(cfg, T, pool, now, day, starving, p, L, in_flight)
     hardPinned = hard_pinned, plane = plane_view(load_plane(cfg, pool, now), p.waiting, now)}
 end
 
+local EMPTY_LISTS = {'pools', 'starving', 'lanes', 'mustYield', 'alternatives'}
 local function build_census(cfg, now)
   local day = utc_day(now)
   local pools, starving, loaded = {}, {}, {}
@@ -118,6 +119,9 @@ local function build_census(cfg, now)
   starving = first
   local doc = cjson.encode({mesh = string.match(PREFIX, '{(.*)}'), at = now, configVersion = cfg.version,
     pools = pools, starving = starving})
+  -- cjson writes an empty table as {}: the lists of the document stay lists for `redis-cli GET`
+  -- readers (a name never holds a quote, so these strings are only ever these keys)
+  for _, list in ipairs(EMPTY_LISTS) do doc = string.gsub(doc, '"' .. list .. '":{}', '"' .. list .. '":[]') end
   redis.call('SET', key('census'), doc)
   return doc
 end

@@ -74,8 +74,12 @@ local function load_signal(T, p, now, why, seq)
 end
 
 -- A signal (load or closing) seen by a round of pool p, mid-round or at its end. A closing
--- signal closes the provider for every pod at once (a probe refused again re-closes it).
-local function signal(cfg, p, now, what, seq)
+-- signal closes the provider for every pod at once (a probe refused again re-closes it). Each
+-- load or closing signal counts signal|<pool>|<signal> in `totals` (events.lua), whether or not
+-- it decreased the estimate (clean and error are not signals), once: `reported` = the round
+-- reported this load signal mid-round already.
+local function signal(cfg, p, now, what, seq, reported)
+  if (LOAD[what] or CLOSING[what]) and not reported then count('signal', p.name, what) end
   if LOAD[what] then return load_signal(cfg.T, p, now, what, seq) end
   if CLOSING[what] then close_provider(cfg, provider_of(p.name), now, what) end
   return false
@@ -86,7 +90,7 @@ end
 -- seat's seq, so once-per-burst holds it. A probe that ends clean reopens its provider.
 -- Returns true when the estimate decreased.
 local function apply_outcome(cfg, p, s, id, now, outcome, seconds, cost_micro, at)
-  local decreased = signal(cfg, p, now, outcome, tonumber(s.seq))
+  local decreased = signal(cfg, p, now, outcome, tonumber(s.seq), s.signalled == outcome)
   if outcome == 'clean' then
     p.meanSec = ewma(p.meanSec, p.succ, seconds)
     p.clean = p.clean + 1

@@ -41,12 +41,14 @@ local function close_provider(cfg, name, now, why, seconds)
   redis.call('HSET', key('provider', name), 'closedUntil', fmt(until_), 'why', why, 'closedAt', fmt(now),
     'lastProbe', fmt(now))
   event('closed', 'provider', name, 'why', why, 'until', fmt(until_))
+  count('closed', name, why)
   return until_
 end
 
 local function reopen_provider(cfg, name, now, by)
   redis.call('HSET', key('provider', name), 'closedUntil', '0', 'why', '', 'closedAt', fmt(now))
   event('reopened', 'provider', name, 'by', by)
+  count('reopened', name, by)
   wake_provider(cfg, name)
 end
 

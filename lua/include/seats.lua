@@ -12,6 +12,7 @@
 --   pool:<p> moved   seats running on p that moved there (movedIn/movedOut: moves ever, admit.lua)
 --   gone:<id>        string "<state>|<seq>|<pod>|<pool>|<lane>" with state released or expired,
 --                    kept a day, so a retried release counts once and a late one is recognised
+-- Uses events.lua (a swept seat is an `expired` event): include it before this file.
 local GONE_TTL = 86400
 
 local function add_seat(cfg, pool, lane, id, s, lease_until)
@@ -92,6 +93,7 @@ local function drop_ticket(id, t)
 end
 
 -- Sweep at most `limit` expired seats and tickets (a dead pod's leases): bounded cost per call.
+-- Each seat swept is an `expired` event (its pool, lane and pod); a lapsed ticket is not.
 -- Returns the pools whose counts changed, so callers can wake their waiters.
 local function sweep(now, limit)
   local touched, n = {}, 0
@@ -100,6 +102,7 @@ local function sweep(now, limit)
     if s then
       drop_seat(id, s, 'expired')
       touched[s.pool] = true
+      event('expired', 'round', id, 'pool', s.pool, 'lane', s.lane, 'pod', s.pod)
     else
       redis.call('ZREM', key('seats'), id)
     end

@@ -1,5 +1,5 @@
 """The fence's fault-injection report: ``admission fence-report --intents N --seed S``
-(also ``python -m admission.fence_report``).
+(also ``python -m admission.tools.fence_report``).
 
 For each fault below it drives N intents (a seeded ``random.Random(seed)``) through the real
 scripts and the real client, against a server it starts itself (an embedded redis-server, else
@@ -60,12 +60,12 @@ from typing import Any, Callable, Iterator, Sequence
 
 import redis
 
-from . import doctor
+from .. import doctor
 from .bench import progress_bar, quiet_logs
-from .client import Admission, fail_fast_options
-from .codes import FENCE_REASONS, UNAVAILABLE
-from .core import Decision, Seat
-from .errors import NotYourSeat, Unavailable
+from ..client import Admission, fail_fast_options
+from ..codes import FENCE_REASONS, UNAVAILABLE
+from ..core import Decision, Seat
+from ..errors import NotYourSeat, Unavailable
 from .servers import ENGINES, LocalServer, find_server, free_port
 
 #: The faults, in the order they run and print.

@@ -14,10 +14,10 @@ import math
 from collections import deque
 from typing import Any
 
-from .. import Admission
-from ..alternatives import alternatives as alternatives_of
-from ..classify import outcome_of
-from ..policy import validate
+from ... import Admission
+from ...alternatives import alternatives as alternatives_of
+from ...classify import outcome_of
+from ...policy import validate
 from . import model
 from .load import KEY_DAILY_LIMIT_USD
 

@@ -1,4 +1,4 @@
-"""The latency benchmark: ``python -m admission.bench`` (a benchmark, not a timed test).
+"""The latency benchmark: ``python -m admission.tools.bench`` (a benchmark, not a timed test).
 
 It starts its own throw-away server (``--engine redis`` by default, or ``valkey``), and for
 every case of a grid -- lanes in the policy x live seats held on the pool x waiter tickets on the
@@ -54,10 +54,10 @@ import redis
 import structlog
 from tqdm import tqdm
 
-from ._log import show
-from .client import Admission, fail_fast_options
-from .core import Call, Core
-from . import scripts
+from .._log import show
+from ..client import Admission, fail_fast_options
+from ..core import Call, Core
+from .. import scripts
 from .servers import ENGINES, LocalServer
 
 MESH = "bench"
@@ -622,7 +622,7 @@ def _ints(text: str) -> list[int]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m admission.bench", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m admission.tools.bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engine", choices=ENGINES, default="redis", help="server to start (default redis)")
     p.add_argument("--quick", action="store_true",

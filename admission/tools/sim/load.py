@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..urgency import urgency
+from ...urgency import urgency
 
 # -- given by the seed ------------------------------------------------------------------------
 REVIEW_HEADS = 35

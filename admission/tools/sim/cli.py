@@ -1,4 +1,4 @@
-"""``admission simulate`` (also ``python -m admission.sim``): run the scenarios, print the table,
+"""``admission simulate`` (also ``python -m admission.tools.sim``): run the scenarios, print the table,
 optionally write the JSON and the plots."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 
 import structlog
 
-from .._log import show
-from ..scripts import library
+from ..._log import show
+from ...scripts import library
 
 from . import report, scenarios
 from .load import sizes

@@ -24,8 +24,8 @@ import datetime as _dt
 from bisect import bisect_left
 from typing import Any
 
-from ..policy import TUNABLES as _DEFAULTS
-from ..policy import may_move_to
+from ...policy import TUNABLES as _DEFAULTS
+from ...policy import may_move_to
 from . import load as L
 from . import model
 from .engine import EPOCH, Round, Sim, Trace

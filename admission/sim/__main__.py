@@ -1,6 +1,0 @@
-"""``python -m admission.sim ...`` — the same as ``admission simulate ...``."""
-import sys
-
-from .cli import main
-
-sys.exit(main(sys.argv[1:]))
