@@ -141,9 +141,7 @@ return run(function()
     local why
     if rev and intent.rev and rev < intent.rev then why = 'reject_stale_revision' end
     if not why then
-      local waits = redis.call('HMGET', key('pool', asked), 'waiting')
-      why = fence(load_plane(cfg, asked, now), tonumber(waits[1]) or 0, load_plane(cfg, borrow, now),
-        tonumber(redis.call('HGET', key('pool', borrow), 'waiting')) or 0)
+      why = fence(load_plane(cfg, asked, now), waiting_of(asked), load_plane(cfg, borrow, now), waiting_of(borrow))
     end
     if why then return refuse_borrow(why, load_pool(T, borrow)) end
     want_wait = false
@@ -205,8 +203,7 @@ return run(function()
   for i, c in ipairs(cands) do
     local provider = c == asked and cfg.provider or check_pool(c)
     -- an alternative is a borrow: the fence on the plane it borrows first
-    local shed = i > 1 and cfg.planes[c] and fence(nil, 0, load_plane(cfg, c, now),
-      tonumber(redis.call('HGET', key('pool', c), 'waiting')) or 0)
+    local shed = i > 1 and cfg.planes[c] and fence(nil, 0, load_plane(cfg, c, now), waiting_of(c))
     if shed then admitted, reason, probe, p = false, shed, false, load_pool(T, c)
     else admitted, reason, probe, p = consider(c, provider) end
     if i > 1 then

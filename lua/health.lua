@@ -46,9 +46,9 @@ return run(function()
   -- validated: writes may start
   local last = tonumber(redis.call('HGET', key('plane', pool), 'healthAt'))
   if last and last > at then -- an older sample than the one kept (a slow sampler) changes nothing
-    return {STATUS.OK, fmt(last + ((cfg.planes[pool] or {}).healthMaxAge or cfg.T.health_max_age))}
+    return {STATUS.OK, fmt(last + max_age(cfg, pool))}
   end
   redis.call('HSET', key('plane', pool), 'healthAt', fmt(at), 'healthOk', ok, 'healthDepth', depth,
     'healthRunning', running and fmt(running) or '')
-  return {STATUS.OK, fmt(at + ((cfg.planes[pool] or {}).healthMaxAge or cfg.T.health_max_age))}
+  return {STATUS.OK, fmt(at + max_age(cfg, pool))}
 end)

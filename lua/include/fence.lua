@@ -10,13 +10,23 @@
 -- nothing on the primary. Only the borrowed plane and the intent's own record are written.
 local INTENT_TTL = 86400
 
+-- A plane's health max age: the pool's, else the tunable.
+local function max_age(cfg, pool)
+  return (cfg.planes[pool] or {}).healthMaxAge or cfg.T.health_max_age
+end
+
+-- A pool's own queue (waiting tickets), the part of a plane's depth admission counts itself.
+local function waiting_of(pool)
+  return tonumber(redis.call('HGET', key('pool', pool), 'waiting')) or 0
+end
+
 -- A plane's state at `now`: the retry tokens refilled from Redis time (no background job), the
 -- health sample and whether it is capacity.
 local function load_plane(cfg, pool, now)
   local c = cfg.planes[pool] or {}
   local v = redis.call('HMGET', key('plane', pool), 'retries', 'retriesAt', 'healthAt', 'healthOk', 'healthDepth',
     'healthRunning')
-  local st = {pool = pool, conf = c, maxAge = c.healthMaxAge or cfg.T.health_max_age}
+  local st = {pool = pool, conf = c, maxAge = max_age(cfg, pool)}
   if c.retryBudget then
     local tokens, at = tonumber(v[1]), tonumber(v[2]) or now
     if tokens == nil then tokens = c.retryBudget
