@@ -3,6 +3,7 @@
 The public surface (everything else is internal):
 """
 from .classify import outcome_of
+from .base import current_round
 from .client import Admission, Round
 from .codes import ADMIT_REASONS, FENCE_REASONS, REFUSE_REASONS, UNAVAILABLE, Status
 from .core import Bound, Decision, Released, Retried, Seat
@@ -18,5 +19,5 @@ __all__ = [
     "ADMIT_REASONS", "REFUSE_REASONS", "FENCE_REASONS", "UNAVAILABLE", "urgency", "outcome_of",
     "AdmissionError", "BadArgument", "BadName", "UnknownLane", "UnknownPool", "UnknownSeat",
     "NotYourSeat", "NoPolicy", "PolicyError", "StaleVersion", "WaitTimeout", "Unavailable",
-    "RoundInProgress", "ScriptError",
+    "RoundInProgress", "ScriptError", "current_round",
 ]

@@ -18,9 +18,9 @@ import redis.asyncio as aredis
 from ._log import get_logger
 
 from . import scripts
-from .base import CURRENT_ROUND, ClientBase, charge_record
+from .base import CURRENT_HANDLE, CURRENT_ROUND, ClientBase, charge_record
 from .outbox import Retry
-from .classify import outcome_of
+from .classify import outcome_of, retry_after_of
 from .client import CONNECT_TIMEOUT, SOCKET_TIMEOUT, Round, fail_fast_options, policy_of
 from .core import (UNREACHABLE, Bound, Call, Charged, Core, Decision, Released, Retried, Rollover, Seat, Tick,
                    decode_ledger)
@@ -28,10 +28,13 @@ from .errors import AdmissionError, NoPolicy, UnknownSeat, NotYourSeat, Unavaila
 
 log = get_logger("admission")
 
+#: close(): seconds between cancels of the clock task until it ends.
+CANCEL_AGAIN = 0.1
+
 
 class AsyncRound(Round):
-    async def report(self, signal: str) -> Released:  # type: ignore[override]
-        return await self._adm.report(self.seat, signal=signal)
+    async def report(self, signal: str, retry_after: float | None = None) -> Released:  # type: ignore[override]
+        return await self._adm.report(self.seat, signal=signal, retry_after=retry_after)
 
     async def charge(self, cost_usd: float, key: str) -> Charged:  # type: ignore[override]
         return await self._adm.charge(self.seat, cost_usd=cost_usd, key=key)
@@ -116,12 +119,15 @@ class AsyncAdmission(ClientBase):
             log.info("round_moved", round=round_id, lane=d.lane, asked=d.moved_from, pool=d.pool, reason=d.reason)
         return d
 
-    async def report(self, seat: Seat, *, signal: str, now: float | None = None) -> Released:
-        return await self._exec_or_raise(self.core.report(seat, signal=signal, now=now))
+    async def report(self, seat: Seat, *, signal: str, now: float | None = None,
+                     retry_after: float | None = None) -> Released:
+        return await self._exec_or_raise(self.core.report(seat, signal=signal, now=now, retry_after=retry_after))
 
     async def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
-                      cost_usd: float | None = None, now: float | None = None, at: float | None = None) -> Released:
-        call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now, at=at)
+                      cost_usd: float | None = None, now: float | None = None, at: float | None = None,
+                      retry_after: float | None = None) -> Released:
+        call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now, at=at,
+                                 retry_after=retry_after)
         self._book.drop(seat.id)  # never renewed again, whatever the answer
         released = await self._exec_or_raise(call)
         if released.stats is not None:
@@ -215,7 +221,8 @@ class AsyncAdmission(ClientBase):
                     break
                 await self._sleep_until_turn(model, round_id, gen, self._retry_after(d), deadline)
                 if time.monotonic() >= deadline:
-                    raise WaitTimeout(f"round {round_id} waited {timeout:g}s for {model} (last refusal: {d.reason})")
+                    raise WaitTimeout(f"round {round_id} waited {timeout:g}s for {model} (last refusal: {d.reason})",
+                                      d.reason)
         finally:
             if d is None or not d.admitted:
                 self._book.leave(round_id)  # first, synchronously: even a cancelled task leaves the book
@@ -267,21 +274,23 @@ class AsyncAdmission(ClientBase):
         d = self._own(await self.admit_waiting(lane=lane, model=model, round_id=round_id, timeout=timeout,
                                                agent=agent, parent=self._parent(parent), revision=revision))
         handle, started = AsyncRound(self, d), time.monotonic()  # type: ignore[arg-type]
-        token = CURRENT_ROUND.set(d.round_id)
+        token, held = CURRENT_ROUND.set(d.round_id), CURRENT_HANDLE.set(handle)
         try:
             yield handle
         except BaseException as exc:
-            await self._finish(handle, outcome_of(exc), started, raising=False)
+            await self._finish(handle, outcome_of(exc), started, raising=False, retry_after=retry_after_of(exc))
             raise
         else:
             await self._finish(handle, handle.outcome or "clean", started, raising=True)
         finally:
             with contextlib.suppress(ValueError):  # exited in another context than entered
                 CURRENT_ROUND.reset(token)
+                CURRENT_HANDLE.reset(held)
 
-    async def _finish(self, handle: Round, outcome: str, started: float, raising: bool) -> None:
+    async def _finish(self, handle: Round, outcome: str, started: float, raising: bool,
+                      retry_after: float | None = None) -> None:
         self._book.drop(handle.seat.id)
-        record, bad = self._exit_record(handle, outcome, time.monotonic() - started)
+        record, bad = self._exit_record(handle, outcome, time.monotonic() - started, retry_after)
         try:
             await asyncio.shield(self._apply_record(record))
         except Retry as exc:
@@ -391,10 +400,17 @@ class AsyncAdmission(ClientBase):
                 await self._wake()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """Stop the clock. A cancel can be lost: on Python 3.11 redis-py's ``asyncio.wait_for``
+        swallows one that lands just as a command finishes sending, and the clock goes on; so
+        cancel again until the task has ended (a single cancel hung close() for ever)."""
+        task = self._task
+        if task is None:
+            return
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=CANCEL_AGAIN)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     async def __aenter__(self) -> "AsyncAdmission":
         return self

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from . import policy as policy_mod
 from ._log import get_logger
 from .codes import OUTCOMES, UNAVAILABLE
-from .core import Call, Core, Decision, Heartbeat, Seat, _money
+from .core import Call, Core, Decision, Heartbeat, Seat, _money, _retry_after
 from .errors import AdmissionError, BadArgument, NotYourSeat, RoundInProgress
 from .health import SamplerRun, samplers_from_policy
 from .outbox import Outbox, OutboxFull, Retry
@@ -26,11 +26,22 @@ log = get_logger("admission")
 #: A waiter whose last ask met an unreachable Redis asks again this soon (not on the pool
 #: clock): rounds asking across a failover are admitted within about this of the promotion.
 RETRY_UNAVAILABLE = 0.5
+#: A waiter refused by a pause asks again this long after the pause's end (Redis' clock and
+#: ours drift by a few ms).
+PAUSE_MARGIN = 0.02
 RECOVERING = "recovering"  # the refusal during the recovery hold (its end wakes nobody)
 #: The round this task or thread holds (inside ``round()``): a nested ``round()`` is its
 #: delegated sub-round unless it names another ``parent`` ("" = none). asyncio tasks inherit
 #: it; a new thread starts without one (pass ``parent=`` there, or run it in a copied context).
 CURRENT_ROUND: ContextVar[str | None] = ContextVar("admission_current_round", default=None)
+#: The handle of that round (``Round`` / ``AsyncRound``): the SDK integrations join it (its cost
+#: and load signals) instead of taking a second seat for a call made inside it.
+CURRENT_HANDLE: ContextVar[Any] = ContextVar("admission_current_handle", default=None)
+
+
+def current_round() -> Any:
+    """The round this task or thread holds inside ``round()`` (its handle), or None."""
+    return CURRENT_HANDLE.get()
 NO_MOVES: dict[str, Any] = {"alternatives": {}, "pinLanes": [], "pinAgents": [], "agents": {}}
 #: Ledger records kept in memory (no outbox, or a full one) for a retry while Redis cannot apply
 #: them. Past this the oldest is dropped with an error in the log.
@@ -38,11 +49,12 @@ MAX_PENDING = 10_000
 
 
 def release_record(seat: Seat, outcome: str, seconds: float, cost_usd: float | None,
-                   at: float | None = None) -> dict[str, Any]:
+                   at: float | None = None, retry_after: float | None = None) -> dict[str, Any]:
     """A release as a ledger record (plain values: what the outbox stores). ``at``: when the
-    round ended (its cost's UTC day); None while it is tried at once."""
+    round ended (its cost's UTC day); None while it is tried at once. ``retry_after``: the
+    provider's Retry-After (s) the round ended with."""
     return {"op": "release", "seat": list(astuple(seat)), "outcome": outcome, "seconds": seconds,
-            "cost_usd": cost_usd, "at": at}
+            "cost_usd": cost_usd, "at": at, "retry_after": retry_after}
 
 
 def charge_record(seat: Seat, cost_usd: float, key: str, at: float | None) -> dict[str, Any]:
@@ -195,6 +207,8 @@ class ClientBase:
             return RETRY_UNAVAILABLE
         if d.reason == "provider-closed":  # a probe may go every probe_every
             return self._tunables["probe_every"]
+        if d.reason == "paused" and d.paused_for > 0:  # the provider's Retry-After ends then
+            return d.paused_for + PAUSE_MARGIN
         return self._tunables["grow_interval"]
 
     def _check_free(self, round_id: str) -> None:
@@ -237,20 +251,27 @@ class ClientBase:
         return lost, lost_tickets, pools
 
     @staticmethod
-    def _exit_record(handle: Any, outcome: str, seconds: float) -> tuple[dict[str, Any], BadArgument | None]:
-        """The release a round's exit sends. A bad outcome or price set on the round is an error
-        for the caller, but never keeps the seat: the round is released without it."""
+    def _exit_record(handle: Any, outcome: str, seconds: float,
+                     retry_after: float | None = None) -> tuple[dict[str, Any], BadArgument | None]:
+        """The release a round's exit sends. A bad outcome, price or Retry-After set on the round
+        is an error for the caller, but never keeps the seat: the round is released without it."""
         cost, bad = handle.cost_usd, None
         try:
             _money(cost)
         except BadArgument as exc:
             bad, cost = exc, None
+        if handle.retry_after is not None:
+            retry_after = handle.retry_after
+        try:
+            _retry_after(retry_after)
+        except BadArgument as exc:
+            bad, retry_after = exc, None
         if outcome not in OUTCOMES:
             bad = BadArgument(f"round outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
             outcome = "error"
         if bad is not None:
             log.error("release_bad_argument", round=handle.seat.id, error=str(bad))
-        return release_record(handle.seat, outcome, seconds, cost), bad
+        return release_record(handle.seat, outcome, seconds, cost, retry_after=retry_after), bad
 
     @staticmethod
     def _calls(record: dict[str, Any], core: Core) -> tuple[Call, Call | None]:
@@ -259,8 +280,13 @@ class ClientBase:
         seat = Seat(*record["seat"])
         if record["op"] == "charge":
             return core.charge(seat, cost_usd=record["cost_usd"], key=record["key"], at=record["at"]), None
+        # a record queued while Redis was unreachable keeps its Retry-After, but a pause is about
+        # the provider's present: one that has passed by the replay pauses nothing
+        retry_after = record.get("retry_after")
+        if retry_after is not None and record["at"] is not None:
+            retry_after = max(0.0, record["at"] + retry_after - time.time()) or None
         call = core.release(seat, outcome=record["outcome"], seconds=record["seconds"],
-                            cost_usd=record["cost_usd"], at=record["at"])
+                            cost_usd=record["cost_usd"], at=record["at"], retry_after=retry_after)
         lost = None if record["cost_usd"] is None else core.charge(seat, cost_usd=record["cost_usd"],
                                                                    key="release", at=record["at"])
         return call, lost

@@ -29,8 +29,6 @@ gateway_timeout_504  504               -                               round_cap
 credit_402           402               -                               credit
 key_rejected         401, 403          -                               key_rejected
 server_error_5xx     500-599           -                               error
-transport            none, and a class name in ``TRANSPORT_TYPES``     error
-rate_limit_text      none              ``RATE_TEXT`` (legacy)          rate_limited
 anything_else        any               -                               error
 ==================== ================= =============================== ================
 
@@ -40,9 +38,9 @@ Choices the design leaves open, written down here:
   limit (``KEY_DAILY_LIMIT_TEXT``: "key limit exceeded (daily limit)", the seed's OpenRouter
   message, also inside a JSON error body), the daily budget (``BUDGET_TEXT``: "budget reached" /
   "budget exceeded", optionally "daily budget ...", optionally with "has been", "was" or "is"
-  before the verb; only with 402, 403 or 429) and, for an error with **no status at all**, the
-  legacy rate-limit text (``RATE_TEXT``: a bare "429", "rate limit", "rate-limit", "ratelimit",
-  "too many requests"). A 400 or a 500 whose text says "rate limit" is not load.
+  before the verb; only with 402, 403 or 429). Never a bare "429" or "rate limit" in arbitrary
+  text: ``ValueError("invoice 429 not found")`` is an error, and so is a 400 or a 500 whose
+  text says "rate limit". Load is what a status (or an SDK's type) says.
 * **504 (gateway timeout) is ``round_cap``**: a gateway cut a long round, which is load the
   estimate learns from exactly like the round cap of our own watchdog (before, it counted as an
   error and the estimate never saw it). Any 504 counts, whatever the round's length: the
@@ -63,13 +61,21 @@ Choices the design leaves open, written down here:
   is ``key_rejected``: only the daily limit ends at midnight.
 * Any other 4xx, any other 5xx, anything unknown: ``error`` (a failure in the statistics).
 
+**Retry-After** (``retry_after_of``): a 429 or 529 that says when to come back (``retry-after-ms``,
+else ``retry-after`` in seconds or as an HTTP date) pauses new admissions on the round's pool for
+every pod until then, bounded by the tunable ``retry_after_max`` (the Lua does that; this module
+only reads the header). A header that cannot be read is no pause.
+
 ``CLOSING`` says how long each closing signal closes the provider: ``until_midnight`` (the next
 00:00 UTC) or ``closed_for`` (the policy's ``closed_for``).
 """
 from __future__ import annotations
 
 import json
+import math
 import re
+import time
+from email.utils import parsedate_to_datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -97,15 +103,7 @@ CLOSING = {KEY_DAILY_LIMIT: "until_midnight", BUDGET_REACHED: "until_midnight",
 KEY_DAILY_LIMIT_TEXT = re.compile(r"(?i)\bkey\s+limit\s+exceeded\s*\(\s*daily\s+limit\s*\)")
 #: The provider's daily budget: "budget reached", "daily budget exceeded", "budget has been reached".
 BUDGET_TEXT = re.compile(r"(?i)\b(?:daily\s+)?budget\s+(?:(?:has\s+been|was|is)\s+)?(?:reached|exceeded)\b")
-#: The legacy fallback for an error without a status.
-RATE_TEXT = re.compile(r"(?i)\b429\b|rate.?limit|too many requests")
 
-#: Class names (anywhere in ``type(exc).__mro__``) of errors that never reached a status.
-TRANSPORT_TYPES = frozenset({
-    "APIConnectionError", "APITimeoutError",                 # openai, anthropic
-    "TransportError", "TimeoutException", "NetworkError",    # httpx (ConnectError, ReadTimeout, ...)
-    "TimeoutError", "ConnectionError",                       # builtins (socket.timeout is TimeoutError)
-})
 #: The status an SDK class stands for, used only when the error carries no status itself.
 STATUS_BY_TYPE = {
     "RateLimitError": 429, "OverloadedError": 529, "GatewayTimeoutError": 504,
@@ -137,7 +135,6 @@ class Rule:
         return self.text is None or bool(self.text.search(text))
 
 
-NO_STATUS: frozenset[int | None] = frozenset({None})
 #: The last row: what no other row names is an error (a failure in the statistics).
 ANYTHING_ELSE = Rule("anything_else", None, ERROR)
 
@@ -150,8 +147,6 @@ RULES: tuple[Rule, ...] = (
     Rule("credit_402", frozenset({402}), CREDIT),
     Rule("key_rejected", frozenset({401, 403}), KEY_REJECTED),
     Rule("server_error_5xx", frozenset(range(500, 600)), ERROR),
-    Rule("transport", NO_STATUS, ERROR, types=TRANSPORT_TYPES),
-    Rule("rate_limit_text", NO_STATUS, RATE_LIMITED, text=RATE_TEXT),
     ANYTHING_ELSE,
 )
 
@@ -265,3 +260,66 @@ def outcome_of(exc: BaseException | None) -> str:
     in an error after them still reports its error here.
     """
     return signal_of(exc)
+
+
+#: Headers a provider says "come back in" with, most precise first (OpenAI and Anthropic send
+#: ``retry-after``; OpenAI also ``retry-after-ms``). LiteLLM keeps the provider's headers in
+#: ``litellm_response_headers``.
+_HEADER_SOURCES = ("headers", "litellm_response_headers", "response_headers")
+RETRY_AFTER_CAP = 86_400.0  # s: a header further out than a day is read as a day (the Lua bounds it again)
+
+
+def _header(headers: Any, name: str) -> Any:
+    if headers is None:
+        return None
+    try:
+        v = headers.get(name)
+        if v is None and isinstance(headers, Mapping):
+            v = next((val for k, val in headers.items() if isinstance(k, str) and k.lower() == name), None)
+        return v
+    except Exception:  # noqa: BLE001 - headers of an odd shape are no headers
+        return None
+
+
+def _headers_of(x: Any) -> list[Any]:
+    found = [_field(x, n) for n in _HEADER_SOURCES]
+    response = _field(x, "response")
+    if response is not None:
+        found.append(getattr(response, "headers", None))
+    return [h for h in found if h is not None]
+
+
+def _seconds(v: Any, ms: bool, now: float) -> float | None:
+    if isinstance(v, bytes):
+        v = v.decode("latin-1", "replace")
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        s = float(v) / (1000.0 if ms else 1.0)
+    except (TypeError, ValueError):
+        if ms or not isinstance(v, str):
+            return None
+        try:  # an HTTP date
+            s = parsedate_to_datetime(v).timestamp() - now
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+    if not math.isfinite(s) or s < 0:
+        return None
+    return min(s, RETRY_AFTER_CAP)
+
+
+def retry_after_of(x: Any, now: float | None = None) -> float | None:
+    """The seconds a provider asked the caller to wait before the next request (``retry-after-ms``
+    or ``retry-after`` of the error's headers or its response's), or ``None``. Follows an
+    explicit ``__cause__`` like ``rule_for``."""
+    now = time.time() if now is None else now
+    seen: Any = x
+    for _ in range(_CAUSE_DEPTH):
+        if seen is None:
+            return None
+        for headers in _headers_of(seen):
+            for name, ms in (("retry-after-ms", True), ("retry-after", False)):
+                if (s := _seconds(_header(headers, name), ms, now)) is not None:
+                    return s
+        seen = getattr(seen, "__cause__", None) if isinstance(seen, BaseException) else None
+    return None

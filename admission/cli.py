@@ -66,7 +66,7 @@ from .errors import AdmissionError, NoPolicy, Unavailable, without_location
 from .view import LEGEND, event_time, render_census, render_event, render_ledger, render_refusals, utc_iso
 
 DELEGATED = {"simulate": "admission.tools.sim.cli", "demo": "admission.tools.demo", "bench": "admission.tools.bench",
-             "fence-report": "admission.tools.fence_report"}
+             "fence-report": "admission.tools.fence_report", "fake-provider": "admission.tools.fake_provider"}
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MESH = "prod"
@@ -584,7 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", "-f", action="store_true", help="then print new events as they come (Ctrl-C ends)")
     p.add_argument("--json", action="store_true", help="one JSON object a line (id, at, kind, fields)")
     p.add_argument("--kind", action="append", metavar="KIND",
-                   help="only these kinds (repeat or comma-separate): admitted, released, expired, probe, "
+                   help="only these kinds (repeat or comma-separate): admitted, released, expired, probe, paused, "
                         "exhausted, grew, closed, reopened, config, budget, charged, rollover")
     p.add_argument("--pool", action="append", metavar="POOL", help="only this pool (and its provider's events)")
     p.add_argument("--lane", action="append", metavar="LANE", help="only this lane")

@@ -22,8 +22,8 @@ from redis.retry import Retry as RedisRetry
 from . import policy as policy_mod
 from . import scripts
 from ._log import get_logger
-from .base import CURRENT_ROUND, ClientBase, charge_record
-from .classify import outcome_of
+from .base import CURRENT_HANDLE, CURRENT_ROUND, ClientBase, charge_record
+from .classify import outcome_of, retry_after_of
 from .outbox import Retry
 from .core import (UNREACHABLE, Bound, Call, Charged, Core, Decision, Released, Retried, Rollover, Seat, Tick,
                    decode_ledger)
@@ -56,10 +56,11 @@ class Round:
         self.pool = decision.pool
         self.outcome: str | None = None  # set to override the outcome reported on exit
         self.cost_usd: float | None = None  # set to the round's price
+        self.retry_after: float | None = None  # set to the provider's Retry-After (s) it ended with
         self._adm = adm
 
-    def report(self, signal: str) -> Released:
-        return self._adm.report(self.seat, signal=signal)
+    def report(self, signal: str, retry_after: float | None = None) -> Released:
+        return self._adm.report(self.seat, signal=signal, retry_after=retry_after)
 
     def charge(self, cost_usd: float, key: str) -> Charged:
         """Book a cost mid-round (a long round's steps), once per ``key``."""
@@ -171,17 +172,22 @@ class Admission(ClientBase):
             log.info("round_moved", round=round_id, lane=d.lane, asked=d.moved_from, pool=d.pool, reason=d.reason)
         return d
 
-    def report(self, seat: Seat, *, signal: str, now: float | None = None) -> Released:
-        """A load signal in the middle of a round (stall, round cap, 429); the seat stays."""
-        return self._exec_or_raise(self.core.report(seat, signal=signal, now=now))
+    def report(self, seat: Seat, *, signal: str, now: float | None = None,
+               retry_after: float | None = None) -> Released:
+        """A load signal in the middle of a round (stall, round cap, 429); the seat stays. A
+        ``retry_after`` with rate_limited pauses the pool (the provider's Retry-After)."""
+        return self._exec_or_raise(self.core.report(seat, signal=signal, now=now, retry_after=retry_after))
 
     def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
-                cost_usd: float | None = None, now: float | None = None, at: float | None = None) -> Released:
+                cost_usd: float | None = None, now: float | None = None, at: float | None = None,
+                retry_after: float | None = None) -> Released:
         """End a round: free the seat, count the outcome, book its cost (to the UTC day of ``at``,
         default now). Safe to retry after a lost reply.
         The pod stops renewing the seat first, whatever the answer: an ended round is never
-        re-asserted."""
-        call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now, at=at)
+        re-asserted. ``retry_after``: the provider's Retry-After (s) with a rate_limited outcome
+        pauses new admissions on the pool until then (at most the tunable retry_after_max)."""
+        call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now, at=at,
+                                 retry_after=retry_after)
         with self._cond:
             self._book.drop(seat.id)
         released = self._exec_or_raise(call)
@@ -281,7 +287,8 @@ class Admission(ClientBase):
                     break
                 self._sleep_until_turn(model, round_id, gen, self._retry_after(d), deadline)
                 if time.monotonic() >= deadline:
-                    raise WaitTimeout(f"round {round_id} waited {timeout:g}s for {model} (last refusal: {d.reason})")
+                    raise WaitTimeout(f"round {round_id} waited {timeout:g}s for {model} (last refusal: {d.reason})",
+                                      d.reason)
         finally:
             if d is None or not d.admitted:
                 self._give_up(model, round_id)
@@ -334,24 +341,26 @@ class Admission(ClientBase):
         d = self._own(self.admit_waiting(lane=lane, model=model, round_id=round_id, timeout=timeout,
                                          agent=agent, parent=self._parent(parent), revision=revision))
         handle, started = Round(self, d), time.monotonic()
-        token = CURRENT_ROUND.set(d.round_id)
+        token, held = CURRENT_ROUND.set(d.round_id), CURRENT_HANDLE.set(handle)
         try:
             yield handle
         except BaseException as exc:
-            self._finish(handle, outcome_of(exc), started, raising=False)
+            self._finish(handle, outcome_of(exc), started, raising=False, retry_after=retry_after_of(exc))
             raise
         else:
             self._finish(handle, handle.outcome or "clean", started, raising=True)
         finally:
             with contextlib.suppress(ValueError):  # exited in another context than entered
                 CURRENT_ROUND.reset(token)
+                CURRENT_HANDLE.reset(held)
 
-    def _finish(self, handle: Round, outcome: str, started: float, raising: bool) -> None:
+    def _finish(self, handle: Round, outcome: str, started: float, raising: bool,
+                retry_after: float | None = None) -> None:
         """The round ended: its seat leaves the book at once; the release is applied now, or kept
         (in the outbox) and replayed by the clock while Redis cannot apply it."""
         with self._cond:
             self._book.drop(handle.seat.id)
-        record, bad = self._exit_record(handle, outcome, time.monotonic() - started)
+        record, bad = self._exit_record(handle, outcome, time.monotonic() - started, retry_after)
         try:
             self._apply_record(record)
         except Retry as exc:

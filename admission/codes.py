@@ -40,7 +40,7 @@ ERRORS = {
 ADMIT_REASONS = ("probe", "within-floor", "overdraft", "borrowed", "delegated", "same-intent")
 #: Why a round was refused, in the order the checks run; ``full`` is a borrow (or a lane below
 #: its floor on a measured pool) that finds no free slot, so no draw was made.
-REFUSE_REASONS = ("recovering", "provider-closed", "budget-reserve", "budget-spent", "behind-older", "reserved",
+REFUSE_REASONS = ("recovering", "provider-closed", "paused", "budget-reserve", "budget-spent", "behind-older", "reserved",
                   "cost-guard", "fair-share", "full", "draw")
 #: Why a borrow was refused or shed (DESIGN §8, in the seed fixture's order), and a borrow for a
 #: revision older than its intent's watermark.

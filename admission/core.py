@@ -51,6 +51,7 @@ class Decision:
     waiting_since: float | None = None  # refused: the waiter's place in its queue (enqueue time)
     asked: str = ""  # the pool asked for ("" = ``pool``): admitted elsewhere, the round moved
     borrowed_for: str = ""  # a borrow: the primary pool it runs for (``pool`` is the borrowed one)
+    paused_for: float = 0.0  # refused with ``paused``: seconds left of the provider's Retry-After
 
     def __bool__(self) -> bool:
         return self.admitted
@@ -199,6 +200,15 @@ def _seconds(seconds: float) -> str:
     return repr(float(seconds))
 
 
+def _retry_after(seconds: float | None) -> str:
+    """A provider's Retry-After in seconds ('' = none): finite and >= 0."""
+    if seconds is None:
+        return ""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+        raise BadArgument(f"retry_after must be a finite number of seconds >= 0, got {seconds!r}")
+    return repr(float(seconds))
+
+
 def empty_list(x: Any) -> list:
     """cjson encodes an empty array as {} on some engines: read it as []."""
     return x if isinstance(x, list) else []
@@ -262,7 +272,8 @@ class Core:
                 borrow or "", *(() if borrow else alternatives)]
 
         def decode(r):
-            status, reason, pool, rid, seq, lane_, est, running, slots, version, at, holder, asked, stats = r
+            status, reason, pool, rid, seq, lane_, est, running, slots, version, at, holder, asked, stats = r[:14]
+            paused_for = float(_s(r[14])) if len(r) > 14 and r[14] else 0.0
             admitted, at = int(status) == Status.ADMITTED, float(_s(at))
             if on_stats is not None and stats:
                 on_stats({_s(stats[i]): (float(_s(stats[i + 1])), float(_s(stats[i + 2])),
@@ -271,7 +282,7 @@ class Core:
             seat = Seat(_s(rid), int(seq), _s(pool), _s(lane_), _s(holder), at) if admitted else None
             return Decision(admitted, _s(reason), _s(rid), _s(lane_), _s(pool), seat, float(_s(est)),
                             int(running), int(slots), int(version), None if admitted else at, _s(asked),
-                            model if borrow else "")
+                            model if borrow else "", paused_for)
 
         return self._call("admit", args, decode)
 
@@ -321,12 +332,14 @@ class Core:
         return self._call("health", args, lambda r: float(_s(r[1])))
 
     def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
-                cost_usd: float | None = None, now: float | None = None, at: float | None = None) -> Call:
-        """``at``: when the round ended (its cost's UTC day; a replay from the outbox keeps it)."""
+                cost_usd: float | None = None, now: float | None = None, at: float | None = None,
+                retry_after: float | None = None) -> Call:
+        """``at``: when the round ended (its cost's UTC day; a replay from the outbox keeps it).
+        ``retry_after``: the provider's Retry-After (s) with a rate_limited outcome: pauses the pool."""
         if outcome not in OUTCOMES:
             raise BadArgument(f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
         args = [seat.id, str(seat.seq), self.pod, outcome, _seconds(seconds), _money(cost_usd), _now(now),
-                _epoch("at", at)]
+                _epoch("at", at), _retry_after(retry_after)]
 
         def decode(r):
             stats = (float(_s(r[4])), float(_s(r[5])), float(_s(r[6])) / 1e6) if _s(r[4]) else None
@@ -335,10 +348,11 @@ class Core:
 
         return self._call("release", args, decode)
 
-    def report(self, seat: Seat, *, signal: str, now: float | None = None) -> Call:
+    def report(self, seat: Seat, *, signal: str, now: float | None = None,
+               retry_after: float | None = None) -> Call:
         if signal not in REPORT_SIGNALS:
             raise BadArgument(f"signal must be one of {', '.join(REPORT_SIGNALS)}, got {signal!r}")
-        args = [seat.id, str(seat.seq), self.pod, signal, _now(now)]
+        args = [seat.id, str(seat.seq), self.pod, signal, _now(now), _retry_after(retry_after)]
 
         def decode(r):
             return Released(Status(int(r[0])), _s(r[1]), bool(int(r[2])), float(_s(r[3])))

@@ -54,7 +54,12 @@ class StaleVersion(PolicyError):
 
 
 class WaitTimeout(AdmissionError, TimeoutError):
-    """A round waited longer than its timeout; its waiter ticket was removed."""
+    """A round waited longer than its timeout; its waiter ticket was removed. ``reason``: the
+    last refusal's reason word (``admission-unavailable`` when Redis could not be reached)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class RoundInProgress(AdmissionError):

@@ -39,6 +39,8 @@ TUNABLES: dict[str, tuple[float, type, float, float]] = {
     "cost_scale": (1, float, 1e-9, 1e9),
     "health_max_age": (30, float, 0.1, 1e6),
     "decision_ttl": (30, float, 0.1, 86400),
+    # a provider's Retry-After pauses its pool at most this long (0: Retry-After is ignored)
+    "retry_after_max": (60, float, 0, 3600),
 }
 
 #: The seed's budget reserves by lane name (share of the day left when the lane stops).
@@ -59,6 +61,10 @@ _PROVIDER_KEYS = {"route", "kind", "daily_limit_usd", "budget_reader", "budget_u
 #: Budget readers a provider may name (``admission/budget.py``): how its key's day is read.
 BUDGET_READERS = ("openrouter",)
 _POOL_KEYS = {"tier", "tokens"}
+#: A pool's price table (USD per million tokens): the SDK integrations price a call from its
+#: ``usage`` with them (admission/integrations/_common.py) and report it with the release.
+PRICE_KEYS = ("price_input", "price_output", "price_cached_input")
+MAX_PRICE = 1e6
 #: A pool's plane (docs/design.md §8): key -> (kind, lower bound, upper bound); all optional.
 PLANE_KEYS: dict[str, tuple[type, float, float]] = {
     "depth_limit": (int, 1, 1e9),          # waiting depth at which borrows of this plane are shed
@@ -258,8 +264,11 @@ def _pool(name: str, p: Any, providers: Mapping[str, Any]) -> dict[str, Any]:
     """One ``[pools."model@provider"]`` entry (its provider declared), checked and normalized."""
     p = _table(f'[pools."{name}"]', p)
     _retired(f"pools.{name}.", p)
-    _unknown(f'[pools."{name}"]', p, _POOL_KEYS | set(PLANE_KEYS) | _PLANE_FLAGS | _PLANE_URLS)
+    _unknown(f'[pools."{name}"]', p, _POOL_KEYS | set(PRICE_KEYS) | set(PLANE_KEYS) | _PLANE_FLAGS | _PLANE_URLS)
     p = {**p, **_plane(name, p)}
+    for k in PRICE_KEYS:
+        if k in p:
+            p[k] = _number(f"pools.{name}.{k}", p[k], 0, MAX_PRICE)
     model, at, provider = name.rpartition("@")
     if not at or not model or not provider:
         raise PolicyError(f'pool "{name}" must be written model@provider')

@@ -22,7 +22,8 @@ Endpoints (each takes ``?mesh=NAME``; default the first mesh served, ``/metrics`
 Metrics (labels: ``mesh``, ``pool``, ``provider``, ``lane`` and the reason words; never a round
 id). Gauges per pool: ``admission_pool_estimate`` (K̂), ``admission_pool_carrying_capacity``
 (K, 0 = never measured), ``admission_pool_slots``, ``_running``, ``_waiting``, ``_free``,
-``_exhausted``, ``_closed``, ``_closed_until_timestamp_seconds``, ``_running_moved``,
+``_exhausted``, ``_closed``, ``_closed_until_timestamp_seconds``, ``_paused_until_timestamp_seconds``,
+``_running_moved``,
 ``_mean_round_seconds``, ``_mean_round_cost_usd``, ``_owed``, ``_hard_pinned_waiting``; counters
 ``admission_pool_moved_in_total`` / ``_moved_out_total``. Per provider with a budget today:
 ``admission_budget_spent_usd``, ``_limit_usd``, ``_committed_usd``. Per lane × pool:
@@ -35,7 +36,7 @@ id). Gauges per pool: ``admission_pool_estimate`` (K̂), ``admission_pool_carryi
 ``admission_admitted_total{pool,lane,reason}``, ``admission_refused_total{pool,lane,reason}``,
 ``admission_signals_total{pool,signal}``, ``admission_closures_total{provider,why}``,
 ``admission_reopens_total{provider,by}``, ``admission_probes_total{pool}``,
-``admission_moves_total{from_pool,to_pool}``.
+``admission_moves_total{from_pool,to_pool}``, ``admission_pauses_total{pool}``.
 """
 from __future__ import annotations
 
@@ -195,6 +196,7 @@ TOTALS = {
     "reopened": ("admission_reopens", ("provider", "by"), "Provider reopenings, by provider and by what."),
     "probe": ("admission_probes", ("pool",), "Probe rounds admitted on a closed provider's pool."),
     "moved": ("admission_moves", ("from_pool", "to_pool"), "Rounds moved from the pool asked for to another."),
+    "paused": ("admission_pauses", ("pool",), "Pauses of a pool for a provider's Retry-After."),
 }
 
 POOL = ("mesh", "pool", "provider")
@@ -213,6 +215,7 @@ GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
     "admission_pool_exhausted": (POOL, "1 when the pool has been measured exhausted, else 0 (slow start)."),
     "admission_pool_closed": (POOL, "1 when the pool's provider is closed, else 0."),
     "admission_pool_closed_until_timestamp_seconds": (POOL, "When the provider's closure ends (0 = open)."),
+    "admission_pool_paused_until_timestamp_seconds": (POOL, "When the pool's pause for a Retry-After ends (0 = none)."),
     "admission_pool_running_moved": (POOL, "Rounds running on the pool after a move from another."),
     "admission_pool_mean_round_seconds": (POOL, "Mean duration of the pool's clean rounds."),
     "admission_pool_mean_round_cost_usd": (POOL, "Mean cost of the pool's priced rounds."),
@@ -305,6 +308,7 @@ class CensusCollector:
                                 ("waiting", p.get("waiting")), ("free", p.get("free")),
                                 ("exhausted", bool(p.get("exhausted"))), ("closed", closed),
                                 ("closed_until_timestamp_seconds", p.get("closedUntil") or 0),
+                                ("paused_until_timestamp_seconds", p.get("pausedUntil") or 0),
                                 ("running_moved", p.get("moved")), ("mean_round_seconds", p.get("meanSeconds")),
                                 ("mean_round_cost_usd", p.get("meanCostUsd")), ("owed", p.get("owed")),
                                 ("hard_pinned_waiting", (p.get("hardPinned") or {}).get("waiting", 0))):
@@ -385,7 +389,8 @@ def _ago(now: Any, since: Any) -> str:
 
 
 def _pool_state(p: dict[str, Any]) -> str:
-    return f"exhausted ({p.get('why') or '?'})" if p.get("exhausted") else "slow start"
+    state = f"exhausted ({p.get('why') or '?'})" if p.get("exhausted") else "slow start"
+    return f"paused until {_utc(p['pausedUntil'])} (Retry-After), {state}" if p.get("pausedUntil") else state
 
 
 def _closed(p: dict[str, Any]) -> str:
@@ -595,7 +600,8 @@ _SCRIPT = r"""
     return (withDay ? s.slice(0, 10) + " " + s.slice(11, 16) : s.slice(11, 19)) + "Z";
   }
   const ago = (now, since) => since ? Math.max(0, num(now) - num(since)).toFixed(0) + "s" : "–";
-  const poolState = (p) => p.exhausted ? "exhausted (" + (p.why || "?") + ")" : "slow start";
+  const poolState = (p) => (p.pausedUntil ? "paused until " + utc(p.pausedUntil) + " (Retry-After), " : "") +
+    (p.exhausted ? "exhausted (" + (p.why || "?") + ")" : "slow start");
   const closed = (p) => p.closedUntil ? "closed (" + (p.closedWhy || "?") + ") until " + utc(p.closedUntil, true) : "open";
   function budget(p) {
     if (p.budgetLimitUsd === null || p.budgetLimitUsd === undefined) return "no budget today";

@@ -76,6 +76,8 @@ def render_census(doc: dict[str, Any]) -> str:
         if p.get("closedUntil"):
             state = (f"CLOSED ({p['closedWhy']}) until "
                      f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(p['closedUntil']))}Z, {state}")
+        if p.get("pausedUntil"):  # the provider's Retry-After
+            state = f"PAUSED {p['pausedUntil'] - doc.get('at', 0):.0f}s (provider's Retry-After), {state}"
         lines.append(f"{p['pool']:<28} K̂ {_num(p['capacity']):>5}  K {_num(p['carryingCapacity']):>4}  "
                      f"slots {p['slots']:>3}  running {p['running']:>3}  waiting {p['waiting']:>3}  "
                      f"free {p['free']:>3}  {state}  ok/fail {_num(p['successes'])}/{_num(p['failures'])}  "

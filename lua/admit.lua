@@ -31,7 +31,9 @@
   fence on both planes.
 
   Reply: {status, reason, pool, seat id, seq, lane, est, running, slots, config version, at, pod,
-          asked, stats}
+          asked, stats[, paused for]}
+    paused for: refused with reason paused, the seconds left of the pool's pause (the provider's
+      Retry-After, bounded by retry_after_max)
     pool: where the round runs (admitted) or waits (refused); asked: the pool asked for
     at: when admitted, the admission time; when refused, the waiter's enqueue time (its place in
       the queue; `now` when it holds no ticket)
@@ -39,7 +41,7 @@
     stats: {pool, successes, failures, mean cost (micro-USD), ...} of every alternative this call
       looked at (what the client's next Thompson draw needs)
     status ADMITTED with reason probe | within-floor | overdraft | borrowed | delegated | same-intent
-    status REFUSED  with reason recovering | provider-closed | budget-reserve | budget-spent |
+    status REFUSED  with reason recovering | provider-closed | paused | budget-reserve | budget-spent |
                     behind-older | reserved | fair-share | cost-guard | full | draw; a borrow also
                     reject_stale_primary_health | reject_primary_depth |
                     reject_primary_retry_exhausted | reject_stale_borrowed_health |
@@ -174,6 +176,7 @@ return run(function()
     end
     if delegated then -- only the closure (closure is not load): it moves a delegated round too
       local g = gate(T, pv, nil, p, now, nil)
+      if g == 'paused' then g = nil end -- part of its parent's round, which holds a seat already
       if g == 'probe' then return true, 'probe', true, p end
       if g then return false, g, false, p end
       return true, 'delegated', false, p
@@ -299,6 +302,8 @@ return run(function()
     end
   end
   count_refusal(now, pool, lane, reason) -- counted per minute, not streamed (events.lua)
+  -- paused by the provider's Retry-After: the waiter asks again when the pause ends
+  local paused_for = reason == 'paused' and fmt(p.pausedUntil - now) or ''
   return {STATUS.REFUSED, reason, pool, id, 0, lane, fmt(p.est), p.running, slots(p), cfg.version, fmt(since), pod,
-    asked, stats}
+    asked, stats, paused_for}
 end)

@@ -33,7 +33,8 @@ local RECOVERY_MARGIN = 1 -- seconds past one heartbeat period
 
 local TUNABLES = {'seed_estimate', 'max_estimate', 'slow_start_factor', 'grow_interval', 'growth_rate',
   'probe_after', 'decrease_factor', 'high_free', 'lease_ttl', 'stall_after', 'round_cap', 'starved_after',
-  'probe_every', 'closed_for', 'aging_unit', 'cost_scale', 'health_max_age', 'decision_ttl'}
+  'probe_every', 'closed_for', 'aging_unit', 'cost_scale', 'health_max_age', 'decision_ttl', 'retry_after_max'}
+local ZERO_OK = {retry_after_max = true} -- 0 turns the Retry-After pause off
 
 return run(function()
   local token = check_name('token', ARGV[3])
@@ -51,7 +52,11 @@ return run(function()
   need(type(policy.tunables) == 'table', 'policy needs tunables')
   for _, t in ipairs(TUNABLES) do
     local v = policy.tunables[t]
-    need(type(v) == 'number' and v == v and v > 0 and v < math.huge, 'tunable ' .. t .. ' must be a number > 0')
+    if ZERO_OK[t] then
+      need(type(v) == 'number' and v == v and v >= 0 and v < math.huge, 'tunable ' .. t .. ' must be a number >= 0')
+    else
+      need(type(v) == 'number' and v == v and v > 0 and v < math.huge, 'tunable ' .. t .. ' must be a number > 0')
+    end
   end
   need(type(policy.pools) == 'table' and #policy.pools > 0, 'policy needs at least one pool')
   need(#policy.pools <= MAX_POOLS, 'policy has more than ' .. MAX_POOLS .. ' pools')

@@ -43,7 +43,7 @@ return run(function()
   local cost = check_cost(ARGV[6], lane, pool, at)
   -- validated: writes may start
   local provider, day = provider_of(pool), utc_day(at)
-  if not book(id, charge_key, lane, pool, at, cost) then return {STATUS.ALREADY_CHARGED, provider, day} end
+  if not book(id, seq, charge_key, lane, pool, at, cost) then return {STATUS.ALREADY_CHARGED, provider, day} end
   event('charged', 'round', id, 'lane', lane, 'pool', pool, 'key', charge_key, 'micro', fmt(cost))
   return {STATUS.CHARGED, provider, day}
 end)

@@ -15,6 +15,8 @@
   ARGV[7]  now ('' = Redis TIME)
   ARGV[8]  at: when the round ended ('' = now): the UTC day its cost is booked to (a replay from
            the outbox keeps its day)
+  ARGV[9]  retry after: seconds the provider asked to wait (its Retry-After with a 429 or 529;
+           '' = none): a rate_limited outcome pauses the pool until then (outcome.lua)
 
   Reply: {status, pool, decreased (0/1), est, successes, failures, mean cost (micro-USD)}
     (the pool's outcome counts after this one: what the client's Thompson draws read; '' on a
@@ -42,6 +44,7 @@ return run(function()
   if ARGV[6] ~= '' then check_num('cost', ARGV[6], nil, 0) end
   local now = clock(ARGV[7])
   local at = check_at(ARGV[8], now)
+  local retry_after = (ARGV[9] or '') ~= '' and check_num('retry after', ARGV[9], 0, 0) or nil
   local cfg = load_config(nil)
 
   local s = check_owner(id, read_hash(key('seat', id)), seq, pod)
@@ -54,7 +57,7 @@ return run(function()
     -- expired under a live round (a slow heartbeat): the counts were healed by the sweep; the
     -- round still ran, so count what it saw, once
     local p = load_pool(cfg.T, gone.pool)
-    local decreased = apply_outcome(cfg, p, gone, id, now, outcome, seconds, cost, at)
+    local decreased = apply_outcome(cfg, p, gone, id, now, outcome, seconds, cost, at, retry_after)
     redis.call('SET', key('gone', id), table.concat({'released', gone.seq, gone.pod, gone.pool, gone.lane}, '|'),
       'KEEPTTL')
     return {STATUS.EXPIRED, gone.pool, decreased and 1 or 0, fmt(p.est), fmt(p.succ), fmt(p.fail), fmt(p.meanCost)}
@@ -62,7 +65,7 @@ return run(function()
 
   cost = check_cost(ARGV[6], s.lane, s.pool, at)
   local p = load_pool(cfg.T, s.pool)
-  local decreased = apply_outcome(cfg, p, s, id, now, outcome, seconds, cost, at)
+  local decreased = apply_outcome(cfg, p, s, id, now, outcome, seconds, cost, at, retry_after)
   drop_seat(id, s, 'released')
   wake(s.pool)
   event('released', 'round', id, 'pool', s.pool, 'lane', s.lane, 'outcome', outcome, 'seconds', fmt(seconds))

@@ -9,6 +9,8 @@
   ARGV[4]  signal: stall | round_cap | rate_limited (load: one per seat), or key_daily_limit |
            budget_reached | credit | key_rejected (closes the provider; always applied)
   ARGV[5]  now ('' = Redis TIME)
+  ARGV[6]  retry after: seconds the provider asked to wait ('' = none); with rate_limited it
+           pauses the pool until then (outcome.lua), also when the seat reported before
 
   Reply: {status, pool, decreased (0/1), est}
     status REPORTED, or ALREADY_REPORTED when this seat reported a load signal before (one per seat)
@@ -29,12 +31,16 @@ return run(function()
   local id, seq, pod = seat_args()
   local what = check_one_of('signal', ARGV[4], SIGNALS)
   local now = clock(ARGV[5])
+  local retry_after = (ARGV[6] or '') ~= '' and check_num('retry after', ARGV[6], 0, 0) or nil
   local cfg = load_config(nil)
   local s = check_owner(id, read_hash(key('seat', id)), seq, pod)
   if not s then fail(ERR.UNKNOWN_SEAT, 'no live seat ' .. id) end
   local p = load_pool(cfg.T, s.pool)
-  if s.signalled ~= '' and LOAD[what] then return {STATUS.ALREADY_REPORTED, s.pool, 0, fmt(p.est)} end
-  local decreased = signal(cfg, p, now, what, seq)
+  if s.signalled ~= '' and LOAD[what] then
+    if what == 'rate_limited' then pause(cfg, p, now, retry_after) end
+    return {STATUS.ALREADY_REPORTED, s.pool, 0, fmt(p.est)}
+  end
+  local decreased = signal(cfg, p, now, what, seq, false, retry_after)
   if LOAD[what] then redis.call('HSET', key('seat', id), 'signalled', what) end
   return {STATUS.REPORTED, s.pool, decreased and 1 or 0, fmt(p.est)}
 end)

@@ -26,6 +26,9 @@ import os
 import pytest
 import redis
 
+# litellm fetches its model price map from the network at import: offline here, use its copy
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 from admission import doctor
 from admission.tools.servers import (
     ENGINES as REAL_ENGINES,

@@ -58,9 +58,10 @@ def test_async_wait_timeout_removes_the_ticket(async_client_factory):
         await a.apply_policy(policy(ONE_LANE, grow_interval=0.2), recovery_hold=False)
         for i in range(2):
             await a.try_admit(lane="x", model=POOL, round_id=f"h{i}")
-        with pytest.raises(WaitTimeout):
+        with pytest.raises(WaitTimeout) as info:
             async with a.round(lane="x", model=POOL, round_id="w", timeout=0.5):
                 pass
+        assert info.value.reason in ("fair-share", "draw", "full", "reserved")  # the last refusal's word
         assert await client.zcard("adm:{t}:wait:m@p:x") == 0
     asyncio.run(main())
 
@@ -93,4 +94,31 @@ def test_async_release_and_charge_wait_in_the_outbox_and_count_once(async_client
         assert await a.flush() == 0 and await a.flush() == 0
         today = _time.strftime("%Y-%m-%d", _time.gmtime())
         assert await a.ledger(today) == {"x": {"p": 0.875}, "*": {"p": 0.875}}
+    asyncio.run(main())
+
+
+def test_close_stops_a_clock_that_lost_a_cancel():
+    """redis-py's asyncio.wait_for on Python 3.11 can swallow a cancel that lands as a command
+    finishes sending; the clock then goes on. close() cancels again until the task has ended
+    (one cancel hung it for ever)."""
+    import fakeredis
+
+    async def main():
+        adm = AsyncAdmission(fakeredis.aioredis.FakeRedis(), mesh="t", pod="pod-a", background=False)
+        swallowed = asyncio.Event()
+
+        async def clock():
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                swallowed.set()          # lost, as inside that wait_for
+            await asyncio.sleep(3600)    # the next turn of the clock
+
+        adm._task = asyncio.get_running_loop().create_task(clock())
+        await asyncio.sleep(0)
+        closing = asyncio.get_running_loop().create_task(adm.close())
+        done, _ = await asyncio.wait({closing}, timeout=2)   # no outside cancel to help it
+        assert closing in done, "close() hung on a clock that lost its cancel"
+        assert swallowed.is_set() and adm._task.done()
+
     asyncio.run(main())

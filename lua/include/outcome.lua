@@ -11,8 +11,10 @@ local SIGNAL_FIELDS = {'succ', 'fail', 'meanSec', 'meanCost', 'priced', 'clean'}
 
 -- The spend ledger: `spend:<day>` hash, `<lane>|<provider>` -> micro-USD, and `*|<provider>` the
 -- provider's total (the budget reads it in O(1)). Every booking has an idempotency key,
--- `charged:<seat>:<key>` (a release books under the key `release`), kept as long as the ledger,
--- so a charge replayed from a pod's outbox counts once, also after its seat is long gone.
+-- `charged:<seat>:<seq>:<key>` (a release books under the key `release`), kept as long as the
+-- ledger, so a charge replayed from a pod's outbox counts once, also after its seat is long gone.
+-- The admission's seq is part of it: a round id used again for a later round (a new admission,
+-- a new seq) books that round's costs too.
 local SPEND_DAYS = 8 -- spend ledgers of older days expire
 -- Money bounds, checked before a script's first write: one charge at most 1e6 USD, a ledger
 -- entry at most 2^53 micro-USD (exact in a Lua number and a Redis integer).
@@ -52,8 +54,10 @@ local function check_cost(s, lane, pool, at)
 end
 
 -- Book a cost once per (seat, key); false when that key was booked before.
-local function book(seat_id, charge_key, lane, pool, at, cost)
-  local k = key('charged', seat_id, charge_key)
+local function book(seat_id, seq, charge_key, lane, pool, at, cost)
+  -- a booking made before the key carried the seq (kept SPEND_DAYS) still counts it once
+  if redis.call('EXISTS', key('charged', seat_id, charge_key)) == 1 then return false end
+  local k = key('charged', seat_id, string.format('%d', tonumber(seq)), charge_key)
   if redis.call('SET', k, fmt(cost), 'NX', 'EX', SPEND_DAYS * 86400) == false then return false end
   local provider = provider_of(pool)
   local day = key('spend', utc_day(at))
@@ -61,6 +65,21 @@ local function book(seat_id, charge_key, lane, pool, at, cost)
   redis.call('HINCRBY', day, '*|' .. provider, string.format('%.0f', cost))
   redis.call('EXPIRE', day, SPEND_DAYS * 86400)
   return true
+end
+
+-- A rate limit that said when to come back (`retry_after` seconds: the provider's Retry-After
+-- with a 429 or 529) pauses new admissions on the pool until then, for every pod (provider.lua
+-- gate: reason `paused`), bounded by retry_after_max (0: Retry-After is ignored). A later,
+-- shorter Retry-After never shortens a pause.
+local function pause(cfg, p, now, retry_after)
+  local most = cfg.T.retry_after_max or 60 -- a policy applied before the tunable existed
+  if not retry_after or retry_after <= 0 or most <= 0 then return end
+  local until_ = now + math.min(retry_after, most)
+  if until_ <= p.pausedUntil then return end
+  p.pausedUntil = until_
+  redis.call('HSET', key('pool', p.name), 'pausedUntil', fmt(until_))
+  count('paused', p.name)
+  event('paused', 'pool', p.name, 'seconds', fmt(until_ - now), 'until', fmt(until_))
 end
 
 -- A load signal from the seat with admission sequence `seq`; true when the estimate decreased.
@@ -78,8 +97,9 @@ end
 -- load or closing signal counts signal|<pool>|<signal> in `totals` (events.lua), whether or not
 -- it decreased the estimate (clean and error are not signals), once: `reported` = the round
 -- reported this load signal mid-round already.
-local function signal(cfg, p, now, what, seq, reported)
+local function signal(cfg, p, now, what, seq, reported, retry_after)
   if (LOAD[what] or CLOSING[what]) and not reported then count('signal', p.name, what) end
+  if what == 'rate_limited' then pause(cfg, p, now, retry_after) end
   if LOAD[what] then return load_signal(cfg.T, p, now, what, seq) end
   if CLOSING[what] then close_provider(cfg, provider_of(p.name), now, what) end
   return false
@@ -89,8 +109,8 @@ end
 -- already reported mid-round is not applied twice: that report moved holdSeq to or past the
 -- seat's seq, so once-per-burst holds it. A probe that ends clean reopens its provider.
 -- Returns true when the estimate decreased.
-local function apply_outcome(cfg, p, s, id, now, outcome, seconds, cost_micro, at)
-  local decreased = signal(cfg, p, now, outcome, tonumber(s.seq), s.signalled == outcome)
+local function apply_outcome(cfg, p, s, id, now, outcome, seconds, cost_micro, at, retry_after)
+  local decreased = signal(cfg, p, now, outcome, tonumber(s.seq), s.signalled == outcome, retry_after)
   if outcome == 'clean' then
     p.meanSec = ewma(p.meanSec, p.succ, seconds)
     p.clean = p.clean + 1
@@ -103,7 +123,7 @@ local function apply_outcome(cfg, p, s, id, now, outcome, seconds, cost_micro, a
   if cost_micro ~= nil then
     p.meanCost = ewma(p.meanCost, p.priced, cost_micro)
     p.priced = math.min(p.priced + 1, 1000000)
-    book(id, 'release', s.lane, p.name, at, cost_micro)
+    book(id, s.seq, 'release', s.lane, p.name, at, cost_micro)
   end
   save_pool(p, SIGNAL_FIELDS)
   return decreased

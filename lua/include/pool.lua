@@ -5,7 +5,7 @@
 --   succ, fail, meanSec, meanCost (micro-USD), running, waiting; moved (running here after a
 --   move), movedIn and movedOut (moves ever, to and from this pool).
 local POOL_NUM = {'est', 'cap', 'slow', 'exhausted', 'exhaustedAt', 'seq', 'holdSeq', 'lastGrow',
-  'clean', 'atCap', 'lastDemand', 'succ', 'fail', 'meanSec', 'meanCost', 'running', 'waiting', 'priced', 'moved', 'movedIn', 'movedOut'}
+  'clean', 'atCap', 'lastDemand', 'succ', 'fail', 'meanSec', 'meanCost', 'running', 'waiting', 'priced', 'moved', 'movedIn', 'movedOut', 'pausedUntil'}
 
 local function load_pool(T, pool)
   local raw = redis.call('HGETALL', key('pool', pool))

@@ -114,15 +114,18 @@ end
 
 -- Checks 1 and 2 (docs/design.md §5) for a lane's round on pool p, in one place for admit, plan
 -- and the census: nil (on to the lane rules), 'probe' (a closed provider's one probe), or the
--- refusal: provider-closed, budget-spent, budget-reserve. `m` is the lane's money context
+-- refusal: provider-closed, paused, budget-spent, budget-reserve. `m` is the lane's money context
 -- (money() above; plan walks budget_ok along a run of newcomers in decide.lua).
 -- No probe while our own count says the day's budget is spent: a probe proves nothing about
 -- that (a new reading with a higher limit does).
 local function gate(T, pv, bud, p, now, m)
   local spent_out = bud ~= nil and bud.spent >= bud.limit
+  local paused = p.pausedUntil > now
   if is_closed(pv, now) or spent_out then
-    return (not spent_out and probe_due(T, pv, p, now)) and 'probe' or 'provider-closed'
+    return (not spent_out and not paused and probe_due(T, pv, p, now)) and 'probe' or 'provider-closed'
   end
+  -- the provider's Retry-After (outcome.lua pause): no new round on this pool until then
+  if paused then return 'paused' end
   if budget_ok(m, 0) then return nil end
   -- rounds in flight count at their pool's mean cost, so the day's limit is overshot by at most
   -- the rounds already running; a round starts only while one more round's mean cost is left,

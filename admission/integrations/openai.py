@@ -1,0 +1,76 @@
+"""OpenAI SDK calls that ask the admission first (``pip install 'admission[openai]'``).
+
+    from admission.integrations import openai as adm_openai
+    client = adm_openai.wrap(openai.OpenAI(), adm, lane="reviews")
+    client.chat.completions.create(model="gpt-x", messages=[...], round_id="thr-1/r2")
+
+``wrap(client, adm)`` returns a proxy of an ``openai.OpenAI`` (with ``Admission``) or
+``openai.AsyncOpenAI`` (with ``AsyncAdmission``) client. Admitted: ``create`` (and ``parse``) of
+``chat.completions``, ``completions``, ``responses`` and ``embeddings``, and the ``.stream(...)``
+helpers of ``chat.completions`` and ``responses``. Everything else (files, models,
+``with_raw_response`` ...) is the client's own, not admitted.
+
+Choices:
+
+* **One call, one round.** Each admitted call runs inside ``adm.round()``: lane, agent and round
+  id from the call's own keyword arguments (``lane=``, ``round_id=``, ``agent=``, ``pool=``,
+  popped before the SDK sees them), else from ``admission.integrations.use(...)``, else the
+  wrap-time defaults; pool ``pools[model]`` else ``f"{model}@{provider}"``; round id a fresh
+  uuid per request unless named. A round seated on an alternative pool of the same provider
+  calls that pool's model; one seated on another provider's pool raises ``MovedAway``.
+* **Every attempt is admitted.** The SDK's own retries are off (``with_options(max_retries=0)``);
+  a load refusal (429, 529) is retried by the wrapper up to ``retries`` times, each attempt a new
+  ``round()``: it waits for a seat, and for the pause the provider's Retry-After set on the pool.
+  Errors propagate out of ``round()``, which classifies them (``admission.classify``) and hands
+  the Retry-After on.
+* **Cost** from the answer's ``usage`` at the pool's prices in the policy
+  (``price_input``, ``price_output``, ``price_cached_input``), reported with the release.
+* **Streams** (``stream=True``): the round stays open until the stream is exhausted, closed or
+  left (``with``); its cost comes from a usage chunk when there is one (pass
+  ``stream_options={"include_usage": True}`` to get one: the wrapper never changes what the
+  stream yields).
+* **Join.** A call made inside a ``round()`` of the same admission (this thread or task holds
+  it: ``admission.current_round()``) and naming no other ``round_id`` takes no second seat: it
+  runs inside that round, books its cost with ``r.charge(cost, key=<request id>)`` (once per
+  request) and reports a 429/529 with ``r.report("rate_limited", retry_after=...)`` before
+  re-raising; the wrapper does not retry it (the round's owner decides). ``join=False`` turns
+  this off (the call is then a delegated sub-round of the held one).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ._common import MovedAway, Settings, require, use, wrap_client
+
+_openai = require("openai", "admission[openai]")
+
+__all__ = ["wrap", "use", "MovedAway", "ADMITTED"]
+
+#: The admitted methods: attribute path -> ``call`` (runs in a round) | ``manager`` (a stream
+#: helper whose ``with`` block is the round).
+ADMITTED: Mapping[tuple[str, ...], str] = {
+    ("chat", "completions", "create"): "call",
+    ("chat", "completions", "parse"): "call",
+    ("chat", "completions", "stream"): "manager",
+    ("completions", "create"): "call",
+    ("responses", "create"): "call",
+    ("responses", "parse"): "call",
+    ("responses", "stream"): "manager",
+    ("embeddings", "create"): "call",
+}
+
+
+def wrap(client: Any, adm: Any, *, lane: str | None = None, provider: str = "openai",
+         pools: Mapping[str, str] | None = None, retries: int = 2, timeout: float = 600.0,
+         join: bool = True) -> Any:
+    """An ``openai.OpenAI`` / ``AsyncOpenAI`` client whose model calls are admitted (see the
+    module's docstring). ``pools``: model -> pool where ``f"{model}@{provider}"`` is not the
+    pool's name; ``retries``: load refusals (429/529) tried again, each in a new round;
+    ``timeout``: seconds a call waits for a seat (``WaitTimeout``)."""
+    settings = Settings(lane=lane, provider=provider, pools=pools or {}, retries=retries, timeout=timeout, join=join)
+
+    def again(copy: Any) -> Any:
+        return wrap(copy, adm, lane=lane, provider=provider, pools=pools, retries=retries, timeout=timeout, join=join)
+
+    return wrap_client(client, adm, sdk="openai", types=(_openai.OpenAI, _openai.AsyncOpenAI), table=ADMITTED,
+                       settings=settings, again=again)

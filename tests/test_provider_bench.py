@@ -1,0 +1,142 @@
+"""The provider bench (``python -m admission.tools.bench --provider``): a small burst, three ways.
+
+One run (40 rounds, 2 pod processes, capacity 4, scale 120: about 6 s) is shared by the checks.
+The figures depend on the machine and on timing; only what holds by construction is asserted
+exactly (every round drains, the semaphore's peak, the admission's peak within its slots), and
+the admission's 429s against mode (a)'s with a wide margin: over 13 runs of these settings (a)
+saw 24-29 and (b) 1-7 (the assertion is b <= a / 2).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from admission.tools import bench, provider_bench
+from admission.tools.servers import find_server
+
+ENGINE = "redis" if find_server("redis") else ("valkey" if find_server("valkey") else None)
+pytestmark = [pytest.mark.real,
+              pytest.mark.skipif(ENGINE is None, reason="no redis-server / valkey-server available")]
+
+SMALL = ["--rounds", "40", "--pods", "2", "--capacity", "4", "--scale", "120", "--tokens", "150", "--seed", "1",
+         "--engine", str(ENGINE), "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def result():
+    """One small run through ``bench.main(["--provider", ...])`` with ``--json``: its stdout parsed."""
+    capture = pytest.MonkeyPatch()
+    out: list[str] = []
+    capture.setattr(sys, "stdout", _Tee(out))
+    try:
+        rc = bench.main(["--provider", *SMALL, "--json"])
+    finally:
+        capture.undo()
+    assert rc == 0
+    return json.loads("".join(out))  # --json: the whole stdout is one JSON document
+
+
+class _Tee:
+    def __init__(self, out: list[str]):
+        self.out = out
+
+    def write(self, text: str) -> int:
+        self.out.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def rows(result):
+    return {r["mode"]: r for r in result["rows"]}
+
+
+def test_every_mode_drains_every_round(result):
+    assert [r["mode"] for r in result["rows"]] == ["none", "admission", "semaphore"]
+    for r in result["rows"]:
+        assert r["rounds"] == 40 and r["completions"] == 40, r
+        assert r["drain_s"] > 0 and r["rounds_per_s"] > 0
+        assert 0 < r["latency_mean_s"] <= r["latency_p95_s"] <= r["latency_max_s"]
+        assert r["requests"] == r["completions"] + r["provider_429"] + r["provider_529"]
+    s = result["settings"]
+    assert (s["rounds"], s["pods"], s["capacity"], s["scale"], s["tokens"], s["seed"]) == (40, 2, 4, 120, 150, 1)
+    assert result["versions"]["engine"].startswith(ENGINE)
+
+
+def test_the_admission_stays_within_its_slots_and_is_refused_less(result):
+    r = rows(result)
+    b = r["admission"]
+    assert 1 <= b["peak_in_flight"] <= b["max_slots"], b
+    assert r["none"]["provider_429"] >= 8, r["none"]  # the burst does overload a provider left alone
+    assert 2 * b["provider_429"] <= r["none"]["provider_429"], (b["provider_429"], r["none"]["provider_429"])
+    assert b["requests"] < r["none"]["requests"]
+
+
+def test_the_semaphore_never_exceeds_the_capacity(result):
+    c = rows(result)["semaphore"]
+    assert c["peak_in_flight"] <= 4 and c["provider_429"] == 0, c
+
+
+def test_the_policy_is_default_but_the_provider_durations(result):
+    tunables = result["policy"]["tunables"]
+    assert set(tunables) == set(provider_bench.SCALED_TUNABLES)
+    assert tunables["grow_interval"] == pytest.approx(15 / 120)
+    assert tunables["probe_every"] == pytest.approx(0.1)  # 10 / 120, clamped to its lower bound
+    assert list(result["policy"]["lanes"]) == [provider_bench.LANE]
+
+
+def test_the_table_has_three_rows_and_the_columns(result):
+    text = provider_bench.render(result)
+    lines = text.splitlines()
+    assert lines[0].startswith("admission bench --provider — rounds 40, pods 2, capacity 4, scale 120, tokens 150, "
+                               "seed 1; " + ENGINE)
+    header = next(i for i, line in enumerate(lines) if line.startswith("mode"))
+    for column in provider_bench.COLUMNS:
+        assert column in lines[header]
+    body = lines[header + 2:header + 5]
+    assert [line.split("  ")[0] for line in body] == ["(a) no admission", "(b) admission", "(c) semaphore = K"]
+    assert lines[header + 5] == ""
+    md = provider_bench.render(result, markdown=True).splitlines()
+    table = [line for line in md if line.startswith("|")]
+    assert len(table) == 2 + 3 and all(line.count("|") == len(provider_bench.COLUMNS) + 1 for line in table)
+
+
+@pytest.mark.parametrize("args, word", [
+    (["--rounds", "0"], "--rounds"),
+    (["--pods", "5", "--rounds", "4"], "--pods"),
+    (["--scale", "nan"], "--scale"),
+    (["--engine", "memcached"], "--engine"),
+    (["--bogus"], "unrecognized"),
+])
+def test_a_bad_argument_exits_2_with_one_line(capsys, args, word):
+    assert bench.main(["--provider", *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and word in err, err
+
+
+def test_the_command_line_delegates():
+    """``python -m admission.tools.bench --provider`` reaches the provider bench (a bad argument:
+    no server is started)."""
+    proc = subprocess.run([sys.executable, "-m", "admission.tools.bench", "--provider", "--tokens", "-3"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "python -m admission.tools.bench --provider: error: argument --tokens: expected a whole number >= 1, got -3"]
+
+
+def test_a_mode_that_does_not_drain_in_the_bound_exits_1_with_one_line(capsys, monkeypatch):
+    monkeypatch.setattr(provider_bench, "bound_s", lambda s: 0.05)  # the pods get the bound from the parent
+    rc = provider_bench.main(["--rounds", "8", "--pods", "1", "--capacity", "2", "--scale", "10",
+                              "--engine", str(ENGINE), "--no-progress"])
+    assert rc == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "did not drain within the bound" in lines[0], captured.err
