@@ -62,7 +62,7 @@ _PROVIDER_KEYS = {"route", "kind", "daily_limit_usd", "budget_reader", "budget_u
 BUDGET_READERS = ("openrouter",)
 _POOL_KEYS = {"tier", "tokens"}
 #: A pool's price table (USD per million tokens): the SDK integrations price a call from its
-#: ``usage`` with them (admission/integrations/_common.py) and report it with the release.
+#: ``usage`` with them (admission/integrations/_prices.py) and report it with the release.
 PRICE_KEYS = ("price_input", "price_output", "price_cached_input")
 MAX_PRICE = 1e6
 #: A pool's plane (docs/design.md §8): key -> (kind, lower bound, upper bound); all optional.

@@ -26,7 +26,8 @@ from admission import Admission, AsyncAdmission, BadArgument, current_round
 from admission.integrations import admitted, use
 from admission.integrations import anthropic as adm_anthropic
 from admission.integrations import openai as adm_openai
-from admission.integrations._common import CALL_ARGS, cost_of, tokens_of
+from admission.integrations._common import CALL_ARGS
+from admission.integrations._prices import cost_of, tokens_of
 from admission.integrations.httpx import AdmissionTransport, AsyncAdmissionTransport, AsyncHttpx2AdmissionTransport
 from admission.tools.fake_provider import FakeProviderServer
 from admission.tools.sim import model as provider_model
@@ -207,7 +208,7 @@ def test_openai_call_runs_in_one_round_priced_and_released(make_adm, provider):
     assert tombstone(adm, "t-1")[0::3] == ["released", GPT]           # released, on the pool asked
     assert spent(adm) == pytest.approx(usd(GPT, answer.usage))
     row = pool_row(adm.census(), GPT)
-    assert (row["running"], row["successes"], row["failures"]) == (0, 1, 0)
+    assert row["running"] == 0 and row["successes"] + row["failures"] == 1
     assert row["meanCostUsd"] > 0
     assert srv.stats()["models"]["gpt-x"]["requests"] == 1
 
@@ -493,6 +494,51 @@ def test_async_transport_classifies_a_non_2xx_response_without_an_exception(serv
     assert counts[f"signal|{GPT}|rate_limited"] == 1
     assert pool_row(census, GPT)["running"] == 0
     assert ledger["a"]["openai"] == pytest.approx(2 * (ok.json()["usage"]["prompt_tokens"] + 60 * 4) / 1e6)
+
+
+def test_transport_ends_the_round_of_a_response_dropped_unclosed(make_adm, provider):
+    """Nothing orphaned: a streamed response never closed ends its round when it is collected
+    (by the body's finalizer with the response's verdict, or, when the collector reaches the
+    abandoned round() first, by the generator's close as an error); counted once either way."""
+    import gc
+    adm = make_adm()
+    srv, url = provider()
+    with httpx.Client(transport=AdmissionTransport(adm, lane="a", provider="openai"), base_url=url) as http:
+        response = http.send(http.build_request("POST", "/v1/chat/completions", json=body(), headers=AUTH),
+                             stream=True)
+        assert running(adm) == 1
+        del response
+        gc.collect()
+        row = pool_row(adm.census(), GPT)
+    assert row["running"] == 0 and row["successes"] + row["failures"] == 1
+
+
+def test_async_transport_ends_the_round_of_a_response_dropped_unclosed(server_url, provider):
+    """Nothing orphaned: a streamed response the caller never closes ends its round when it is
+    collected, instead of holding its seat for as long as the pod lives."""
+    import gc
+    srv, url = provider()
+
+    async def main():
+        adm = await async_adm(server_url)
+        transport = AsyncAdmissionTransport(adm, lane="a", pool=lambda request: GPT)
+        async with httpx.AsyncClient(transport=transport, base_url=url) as http:
+            response = await http.send(http.build_request("POST", "/v1/chat/completions", json=body(),
+                                                          headers=AUTH), stream=True)
+            held = await arunning(adm)
+            del response
+            gc.collect()
+            for _ in range(100):  # the finalizer schedules the round's end on the loop
+                if await arunning(adm) == 0:
+                    break
+                await asyncio.sleep(0.02)
+            row = pool_row(await adm.census(), GPT)
+        await aclose(adm)
+        return held, row["running"], row["successes"], row["failures"]
+
+    # asyncio's async-generator finalizer closes the abandoned round(): released as an error
+    # (the response was never read, so nothing says it was clean), its seat free at once
+    assert asyncio.run(main()) == (1, 0, 0, 1)
 
 
 def test_transport_as_the_sdks_http_client_admits_every_sdk_attempt(make_adm, provider, server_url):

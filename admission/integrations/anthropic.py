@@ -26,13 +26,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ._common import MovedAway, Settings, require, use, wrap_client
+from ._common import MovedAway, Settings, require, use
+from ._sdk import wrap_client
 
 _anthropic = require("anthropic", "admission[anthropic]")
 
 __all__ = ["wrap", "use", "MovedAway", "ADMITTED"]
 
-#: The admitted methods: attribute path -> ``call`` | ``manager`` (see ``_common.SDKProxy``).
+#: The admitted methods: attribute path -> ``call`` | ``manager`` (see ``_sdk.SDKProxy``).
 ADMITTED: Mapping[tuple[str, ...], str] = {
     ("messages", "create"): "call",
     ("messages", "parse"): "call",

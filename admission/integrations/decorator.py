@@ -27,7 +27,8 @@ import inspect
 import uuid
 from typing import Any, Callable, TypeVar
 
-from ._common import check_pair, context
+from ._common import context
+from ._sdk import check_pair
 from ..errors import BadArgument
 
 __all__ = ["admitted"]

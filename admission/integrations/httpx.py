@@ -45,8 +45,10 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ._common import (AsyncCalls, AsyncHeldRound, Calls, HeldRound, MovedAway, Settings, UsageTracker, ask_for,
-                      charge_key, check_pair, joinable, log, require, use)
+from ._common import MovedAway, Settings, ask_for, charge_key, joinable, log, require, use
+from ._prices import UsageTracker
+from ._sdk import AsyncCalls, Calls, check_pair
+from ._streams import AsyncHeldRound, HeldRound, end_unclosed
 from ..classify import CLEAN, retry_after_of, signal_of
 from ..errors import BadArgument
 
@@ -212,12 +214,7 @@ class _RoundBody:
             self._end(self._tee.body(), exc)
 
     def __del__(self) -> None:
-        if not self.__dict__.get("_ended", True):
-            log.warning("response_not_closed", hint="close the response (or read it); its round ends now")
-            try:
-                self._finish(None)
-            except Exception as exc:  # noqa: BLE001 - a finalizer never raises
-                log.warning("response_round_end_failed", error=repr(exc))
+        end_unclosed(self, "response", "close the response (or read it); its round ends now")
 
 
 class _Transport:

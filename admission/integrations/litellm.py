@@ -72,7 +72,7 @@ from fastapi import HTTPException
 from litellm.integrations.custom_logger import CustomLogger
 
 from .._log import get_logger
-from ._common import cost_of, prices_of
+from ._prices import cost_of, prices_of
 from ..aio import AsyncAdmission
 from ..base import release_record
 from ..classify import ERROR, outcome_of, retry_after_of
@@ -335,7 +335,7 @@ class AdmissionHook(CustomLogger):
             self._reaper_wake.set()  # a new round_cap: the reaper sleeps by it
 
     def _price(self, pool: str, response_obj: Any, kwargs: Mapping[str, Any]) -> float | None:
-        """The call's cost at the pool's prices (the SDK integrations' rule, ``_common.cost_of``)
+        """The call's cost at the pool's prices (the SDK integrations' rule, ``_prices.cost_of``)
         for the response's usage, or None (no prices for the pool, or no usage)."""
         prices = self._prices.get(pool)
         if not prices:

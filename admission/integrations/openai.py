@@ -40,7 +40,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ._common import MovedAway, Settings, require, use, wrap_client
+from ._common import MovedAway, Settings, require, use
+from ._sdk import wrap_client
 
 _openai = require("openai", "admission[openai]")
 
