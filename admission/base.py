@@ -174,10 +174,14 @@ class ClientBase:
     def _pinned(self, lane: str, agent: str | None) -> bool:
         return lane in self._moves["pinLanes"] or bool(agent and agent in self._moves["pinAgents"])
 
-    def _ranking(self, pool: str, lane: str, agent: str | None) -> list[str]:
+    def _ranking(self, pool: str, lane: str, agent: str | None,
+                 move_to: Callable[[str], bool] | None = None) -> list[str]:
         """The pool's alternatives ranked by a Thompson draw over their last known outcome counts
-        and mean cost; none for a hard pin (the script checks both again)."""
+        and mean cost; none for a hard pin (the script checks both again). ``move_to``: only the
+        alternatives the caller can run on (an SDK client calls its own provider's pools)."""
         alts = self._moves["alternatives"].get(pool, [])
+        if move_to is not None:
+            alts = [a for a in alts if move_to(a)]
         if not alts or self._pinned(lane, agent):
             return []
         return self.core.rank(alts, self._stats, self._tunables["cost_scale"])

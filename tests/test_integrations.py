@@ -213,6 +213,26 @@ def test_openai_call_runs_in_one_round_priced_and_released(make_adm, provider):
     assert srv.stats()["models"]["gpt-x"]["requests"] == 1
 
 
+def test_a_wrapped_call_moves_only_to_a_pool_its_client_can_call(make_adm, provider):
+    """Refused on its pool (paused by a Retry-After), the call moves to the alternative on its own
+    provider and calls that pool's model; another provider's alternative is never tried."""
+    other = "gpt-y@openai"
+    pol = integration_policy()
+    pol["pools"][other] = dict(PRICES[GPT])
+    pol["tiers"] = {}
+    pol["alternatives"] = {GPT: [CLAUDE, other]}
+    adm = make_adm(pol)
+    srv, url = provider()
+    d = adm.try_admit(lane="a", model=GPT, round_id="limited", alternatives=[])
+    adm.release(d.seat, outcome="rate_limited", retry_after=30)      # GPT paused for 30 s
+    client = oai(url, adm)
+    for i in range(4):
+        answer = client.chat.completions.create(model="gpt-x", messages=ASK, max_tokens=10, round_id=f"m-{i}")
+        assert answer.model == "gpt-y" and tombstone(adm, f"m-{i}")[0::3] == ["released", other]
+    models = srv.stats()["models"]
+    assert models["gpt-y"]["completions"] == 4 and "claude-x" not in models and "gpt-x" not in models
+
+
 def test_lane_and_round_id_come_from_the_call_else_the_context_else_the_defaults(make_adm, provider):
     adm = make_adm()
     _, url = provider()

@@ -286,6 +286,8 @@ MUTATIONS = [
      "test_rules_provider.py", "before_the_seq"),
     ("close() cancels the clock until it ends", "admission/aio.py", "        while not task.done():\n            task.cancel()\n            await asyncio.wait({task}, timeout=CANCEL_AGAIN)\n",
      "        task.cancel()\n", "test_async.py", "lost_a_cancel"),
+    ("move_to keeps only the alternatives the caller can run on", "admission/base.py",
+     "alts = [a for a in alts if move_to(a)]", "pass", "test_rules_moves.py", "move_to_keeps_only"),
     # the provider's Retry-After (test_rules_pause.py)
     ("retry-after pauses the pool", "include/provider.lua", "  if paused then return 'paused' end\n", "",
      "test_rules_pause.py", "pauses_the_pool_for_every_pod"),

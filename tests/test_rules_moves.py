@@ -468,3 +468,18 @@ def test_pin_starving_through_refused_probes_and_new_tickets(redis_client):
     assert not a.try_admit(lane="a", model=A, round_id="p4", now=T0 + 83, draw=0.0, wait=True).admitted
     c = a.census(now=T0 + 130)                                     # a new pinned wait, 47 s old
     assert c["starving"] == [] and row(c, A)["hardPinned"]["waitingSince"] == T0 + 83
+
+
+def test_move_to_keeps_only_the_alternatives_the_caller_can_run_on(redis_client):
+    """An SDK client calls its own provider's pools: ``move_to`` drops the other alternatives
+    from the ranking, so the round moves only where the caller can run it, or waits at home."""
+    a = adm(redis_client, pol=moves_policy(alternatives={A: [B, C]}))
+    ask = Ask(a)
+    ask.fill(A)
+    for _ in range(5):  # whatever the Thompson draw ranks first, B is never tried
+        d = ask(lane="a", pool=A, move_to=lambda pool: pool == C)
+        assert d.admitted and d.pool == C, d
+        a.release(d.seat, outcome="clean", seconds=1, now=T0)
+    d = ask(lane="a", pool=A, move_to=lambda pool: False)
+    assert not d.admitted and d.pool == A                  # nowhere it can run: it stays
+    assert ask(lane="a", pool=A).admitted                   # without the filter it moves

@@ -37,8 +37,9 @@ class _CallsBase:
         self.adm, self.settings = adm, settings
 
     def round_for(self, ask: Ask) -> Any:
+        # moves only to the pools this client can call (its provider's, or those ``pools`` names)
         return self.adm.round(lane=ask.lane, model=ask.pool, round_id=ask.round_id, timeout=self.settings.timeout,
-                              agent=ask.agent)
+                              agent=ask.agent, move_to=lambda pool: self.settings.model_for(pool, ask) is not None)
 
     def _kwargs(self, kwargs: dict[str, Any], ask: Ask, handle: Any) -> dict[str, Any]:
         """The SDK's arguments for the pool the round was seated on (it may have moved)."""

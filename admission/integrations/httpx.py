@@ -32,8 +32,9 @@ Choices:
 * **Join**: a request made inside a ``round()`` of the same admission runs inside it (no second
   seat), as the SDK wrappers' calls do; its cost is charged once per request id and a 429/529 is
   reported on the round. ``join=False`` makes it a delegated sub-round instead.
-* **A round seated on an alternative pool** of the same provider gets the JSON body's ``model``
-  rewritten to that pool's model; any other move raises ``MovedAway`` (the request is not sent).
+* **A refused round moves only to alternatives of the same provider** (``round(move_to=...)``),
+  and the JSON body's ``model`` is rewritten to that pool's model; a seat elsewhere (the policy
+  changed between ranking and admit) raises ``MovedAway`` (the request is not sent).
 * The SDKs' own retries, through this transport, are each a new admitted round.
 """
 from __future__ import annotations

@@ -41,8 +41,9 @@ Choices:
   the seat as ``error``: it must not shrink the pool's estimate or pause it.
 * **Moves follow the seat.** When the admission seats the round on an alternative pool, the
   request's ``model`` is rewritten to that pool's model group (``pools`` reversed, else the
-  model part of ``model@<provider>``) so the call runs where the seat is; with no model group
-  for it the call keeps its model (logged).
+  model part of ``model@<provider>``) so the call runs where the seat is. Only the alternatives
+  a model group of this proxy calls are tried (``move_to``); a seat elsewhere (a policy changed
+  between the ranking and the admit) keeps the call's model (logged).
 * **One client per proxy process**, created lazily in the proxy's event loop (the proxy imports
   the callbacks module before its loop runs). A release that meets an unreachable Redis is kept
   by the client and replayed by its clock, as ``round()`` does.
@@ -223,7 +224,9 @@ class AdmissionHook(CustomLogger):
         round_id = str(data.get("litellm_call_id") or uuid.uuid4())
         timeout = self.timeout_of(data)
         try:
-            d = await adm.admit_waiting(lane=lane, model=pool, round_id=round_id, timeout=timeout)
+            # moves only to pools a model group of this proxy calls
+            d = await adm.admit_waiting(lane=lane, model=pool, round_id=round_id, timeout=timeout,
+                                        move_to=lambda p: self.model_of(p) is not None)
         except WaitTimeout as exc:
             reason = exc.reason or "unknown"
             if reason == UNAVAILABLE:

@@ -16,8 +16,10 @@ Choices:
   id from the call's own keyword arguments (``lane=``, ``round_id=``, ``agent=``, ``pool=``,
   popped before the SDK sees them), else from ``admission.integrations.use(...)``, else the
   wrap-time defaults; pool ``pools[model]`` else ``f"{model}@{provider}"``; round id a fresh
-  uuid per request unless named. A round seated on an alternative pool of the same provider
-  calls that pool's model; one seated on another provider's pool raises ``MovedAway``.
+  uuid per request unless named. A refused round moves only to the alternatives this client can
+  call (its provider's pools, or those ``pools`` names: ``round(move_to=...)``) and calls that
+  pool's model; a seat elsewhere (the policy changed between ranking and admit) raises
+  ``MovedAway``.
 * **Every attempt is admitted.** The SDK's own retries are off (``with_options(max_retries=0)``);
   a load refusal (429, 529) is retried by the wrapper up to ``retries`` times, each attempt a new
   ``round()``: it waits for a seat, and for the pause the provider's Retry-After set on the pool.
