@@ -93,7 +93,7 @@ class AsyncAdmission(ClientBase):
                         now: float | None = None, draw: float | None = None, wait: bool = False,
                         parent: str | None = None, revision: int | None = None,
                         alternatives: list[str] | None = None, borrow: str | None = None,
-                  move_to: Callable[[str], bool] | None = None) -> Decision:
+                        move_to: Callable[[str], bool] | None = None) -> Decision:
         """As the sync client's: refused on ``model``, the round moves to the first alternative
         that admits it, in one call (``alternatives``: the ranking; default a Thompson draw)."""
         await self._know_policy()

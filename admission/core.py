@@ -194,19 +194,15 @@ def _revision(revision: int | None, required: bool) -> str:
     return str(revision)
 
 
-def _seconds(seconds: float) -> str:
+def _seconds(seconds: float, what: str = "seconds") -> str:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
-        raise BadArgument(f"seconds must be a finite number >= 0, got {seconds!r}")
+        raise BadArgument(f"{what} must be a finite number >= 0, got {seconds!r}")
     return repr(float(seconds))
 
 
 def _retry_after(seconds: float | None) -> str:
     """A provider's Retry-After in seconds ('' = none): finite and >= 0."""
-    if seconds is None:
-        return ""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
-        raise BadArgument(f"retry_after must be a finite number of seconds >= 0, got {seconds!r}")
-    return repr(float(seconds))
+    return "" if seconds is None else _seconds(seconds, "retry_after")
 
 
 def empty_list(x: Any) -> list:

@@ -52,11 +52,9 @@ return run(function()
   need(type(policy.tunables) == 'table', 'policy needs tunables')
   for _, t in ipairs(TUNABLES) do
     local v = policy.tunables[t]
-    if ZERO_OK[t] then
-      need(type(v) == 'number' and v == v and v >= 0 and v < math.huge, 'tunable ' .. t .. ' must be a number >= 0')
-    else
-      need(type(v) == 'number' and v == v and v > 0 and v < math.huge, 'tunable ' .. t .. ' must be a number > 0')
-    end
+    local zero = ZERO_OK[t] and v == 0
+    need(type(v) == 'number' and v == v and (v > 0 or zero) and v < math.huge,
+      'tunable ' .. t .. ' must be a number ' .. (ZERO_OK[t] and '>= 0' or '> 0'))
   end
   need(type(policy.pools) == 'table' and #policy.pools > 0, 'policy needs at least one pool')
   need(#policy.pools <= MAX_POOLS, 'policy has more than ' .. MAX_POOLS .. ' pools')

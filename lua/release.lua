@@ -44,7 +44,7 @@ return run(function()
   if ARGV[6] ~= '' then check_num('cost', ARGV[6], nil, 0) end
   local now = clock(ARGV[7])
   local at = check_at(ARGV[8], now)
-  local retry_after = (ARGV[9] or '') ~= '' and check_num('retry after', ARGV[9], 0, 0) or nil
+  local retry_after = check_num('retry after', ARGV[9], 0, 0) -- 0: none
   local cfg = load_config(nil)
 
   local s = check_owner(id, read_hash(key('seat', id)), seq, pod)

@@ -31,7 +31,7 @@ return run(function()
   local id, seq, pod = seat_args()
   local what = check_one_of('signal', ARGV[4], SIGNALS)
   local now = clock(ARGV[5])
-  local retry_after = (ARGV[6] or '') ~= '' and check_num('retry after', ARGV[6], 0, 0) or nil
+  local retry_after = check_num('retry after', ARGV[6], 0, 0) -- 0: none
   local cfg = load_config(nil)
   local s = check_owner(id, read_hash(key('seat', id)), seq, pod)
   if not s then fail(ERR.UNKNOWN_SEAT, 'no live seat ' .. id) end

@@ -73,7 +73,7 @@ end
 -- shorter Retry-After never shortens a pause.
 local function pause(cfg, p, now, retry_after)
   local most = cfg.T.retry_after_max or 60 -- a policy applied before the tunable existed
-  if not retry_after or retry_after <= 0 or most <= 0 then return end
+  if retry_after <= 0 or most <= 0 then return end
   local until_ = now + math.min(retry_after, most)
   if until_ <= p.pausedUntil then return end
   p.pausedUntil = until_
