@@ -41,7 +41,6 @@ import argparse
 import contextlib
 import gc
 import itertools
-import json
 import logging
 import os
 import platform
@@ -59,6 +58,7 @@ from ..client import Admission, fail_fast_options
 from ..core import Call, Core
 from .. import scripts
 from .servers import ENGINES, LocalServer
+from . import write_json
 
 MESH = "bench"
 PROVIDER = "bench"
@@ -683,9 +683,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      iterations, progress=False if args.no_progress else None)
     print(render(result, markdown=args.markdown), flush=True)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
-            fh.write("\n")
+        write_json(args.json, result)
     return 0
 
 
@@ -703,9 +701,7 @@ def main_census(args: argparse.Namespace) -> int:
                             progress=False if args.no_progress else None)
     print(render_census(result, markdown=args.markdown), flush=True)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
-            fh.write("\n")
+        write_json(args.json, result)
     return 0
 
 

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import platform
 import random
@@ -67,6 +66,7 @@ from ..codes import FENCE_REASONS, UNAVAILABLE
 from ..core import Decision, Seat
 from ..errors import NotYourSeat, Unavailable
 from .servers import ENGINES, LocalServer, find_server, free_port
+from . import write_json
 
 #: The faults, in the order they run and print.
 FAULTS = ("stale-borrowed-health", "borrowed-depth", "primary-saturation", "late-score", "redis-unreachable",
@@ -886,9 +886,7 @@ def run_cli(args: argparse.Namespace) -> int:
         return 2
     print(render(report, markdown=args.markdown), flush=True)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=2)
-            fh.write("\n")
+        write_json(args.json, report)
     return 0 if report["ok"] else 1
 
 

@@ -79,6 +79,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from ..policy import TUNABLES
+from . import write_json
 from .servers import ENGINES, LocalServer, find_server
 from .sim import model
 
@@ -784,9 +785,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(render(result, markdown=args.markdown), flush=True)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
-            fh.write("\n")
+        write_json(args.json, result)
     return 0
 
 
