@@ -288,6 +288,8 @@ MUTATIONS = [
      "        task.cancel()\n", "test_async.py", "lost_a_cancel"),
     ("move_to keeps only the alternatives the caller can run on", "admission/base.py",
      "alts = [a for a in alts if move_to(a)]", "pass", "test_rules_moves.py", "move_to_keeps_only"),
+    ("pool prices are checked", "admission/policy.py", 'p[k] = _number(f"pools.{name}.{k}", p[k], 0, MAX_PRICE)',
+     "pass", "test_policy.py", "prices_are_checked"),
     # the provider's Retry-After (test_rules_pause.py)
     ("retry-after pauses the pool", "include/provider.lua", "  if paused then return 'paused' end\n", "",
      "test_rules_pause.py", "pauses_the_pool_for_every_pod"),

@@ -75,3 +75,27 @@ def test_removed_pools_leave_the_catalog(redis_client):
     a = adm(redis_client, pol=policy(pools=("m@p", "n@p")))
     a.apply_policy(policy(pools=("m@p",)))
     assert [p["pool"] for p in a.census(now=T0)["pools"]] == ["m@p"]
+
+
+@pytest.mark.parametrize("key", policy_mod.PRICE_KEYS)
+@pytest.mark.parametrize("bad", [-0.01, "1.0", True, float("nan"), float("inf"), 2e6])
+def test_pool_prices_are_checked_with_a_clear_error(key, bad):
+    pol = policy()
+    pol["pools"][POOL] = {key: bad}
+    with pytest.raises(PolicyError, match=f"pools.{POOL}.{key}"):
+        policy_mod.validate(pol)
+
+
+def test_pool_prices_are_kept_and_a_bad_one_changes_nothing_in_redis(redis_client):
+    from helpers import snapshot
+    a = adm(redis_client)
+    good = policy()
+    good["pools"][POOL] = {"price_input": 2.5, "price_output": 10, "price_cached_input": 0.25}
+    a.apply_policy(good, recovery_hold=False)
+    assert next(p for p in a.policy()["pools"] if p["name"] == POOL)["price_output"] == 10
+    before = snapshot(redis_client)
+    bad = policy()
+    bad["pools"][POOL] = {"price_input": -1}
+    with pytest.raises(PolicyError, match="price_input"):
+        a.apply_policy(bad, recovery_hold=False)
+    assert snapshot(redis_client) == before
