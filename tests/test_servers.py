@@ -7,9 +7,18 @@ import time
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 
-from admission.tools.servers import LocalServer, ServerStartError, _slot_ranges, free_port
+from admission.tools.servers import (
+    LocalCluster,
+    LocalSentinelGroup,
+    LocalServer,
+    ServerStartError,
+    _slot_ranges,
+    free_port,
+)
 
 
 def _alive(pid: int) -> bool:
@@ -81,3 +90,94 @@ def test_cluster_ok_and_hash_tag(cluster):
     finally:
         rc.delete("{m}:probe", "{m}:other")
         rc.close()
+
+
+def _all_gone(pids: list[int]) -> bool:
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(_alive(p) for p in pids)
+
+
+def test_local_server_kill_keeps_the_port_for_restart(real_engine):
+    with LocalServer(real_engine) as srv:
+        pid, port = srv.pid, srv.port
+        srv.kill()
+        assert not srv.running and not _alive(pid) and srv.dir.exists()
+        srv.restart()
+        assert srv.running and srv.port == port and srv.client().ping()
+
+
+@pytest.mark.slow  # ~4-6 s: a real failover
+def test_sentinel_failover_keeps_replicated_writes(real_engine):
+    if real_engine == "redis":
+        pytest.skip("on redis, tests/chaos/test_chaos_failover.py runs this failover under load")
+    t0 = time.monotonic()
+    with LocalSentinelGroup(real_engine) as group:
+        started = time.monotonic() - t0
+        pids = [s.pid for s in (*group.servers, *group.sentinels)]
+        assert len(group.servers) == 2 and len(group.sentinel_addrs) == 3
+        assert group.primary is group.servers[0]
+        client = group.master_client(socket_timeout=1)
+        client.set("k", "before")
+        assert group.primary.client().wait(1, 1000) == 1  # on the replica before the crash
+
+        old = group.kill_primary()
+        assert not old.running
+        t1 = time.monotonic()
+        new = group.wait_failover(old.port, timeout=15)
+        failover = time.monotonic() - t1
+        assert new is group.servers[1] and group.primary is new
+        assert new.client().get("k") == b"before"
+        # the client made before the crash finds the new primary through the Sentinels
+        client.set("k", "after")
+        assert new.client().get("k") == b"after"
+        assert group.sentinel_client().discover_master("admission") == ("127.0.0.1", new.port)
+        client.close()
+    print(f"sentinel group ({real_engine}): start {started:.2f}s, failover {failover:.2f}s")
+    assert failover < 10
+    assert _all_gone(pids)
+
+
+def test_sentinel_group_with_acl_user(real_engine):
+    with LocalSentinelGroup(real_engine, sentinels=1, username="chaos", password="s3cret",
+                            master_name="acl") as group:
+        # start() returned: the replica authenticated to the primary, the Sentinel to both
+        group.master_client().set("k", "v")
+        assert group.servers[1].client().get("k") in (b"v", None)  # replication is async
+        with pytest.raises(redis.AuthenticationError):  # (no retries: redis-py's take 4 s)
+            redis.Redis(port=group.primary.port, retry=Retry(NoBackoff(), 0)).ping()
+
+
+@pytest.mark.slow  # ~4-6 s: a real failover
+def test_cluster_replica_takes_over_a_killed_primary(real_engine):
+    if real_engine == "redis":
+        pytest.skip("on redis, tests/chaos/test_chaos_failover.py runs this failover under load")
+    t0 = time.monotonic()
+    with LocalCluster(real_engine, masters=3, replicas=1, node_timeout_ms=1000) as cluster:
+        started = time.monotonic() - t0
+        pids = [n.pid for n in cluster.nodes]
+        assert len(cluster.nodes) == 6
+        rc = cluster.client()
+        rc.set("{chaos}:k", "v")
+        primary = cluster.primary_for("{chaos}:k")
+        assert primary in cluster.nodes[:3]
+        assert primary.client().wait(1, 1000) == 1
+
+        killed = cluster.kill_primary_for("{chaos}:k")
+        assert killed is primary and not killed.running
+        t1 = time.monotonic()
+        new = cluster.wait_promoted("{chaos}:k", timeout=15)
+        failover = time.monotonic() - t1
+        assert new is not killed and new in cluster.nodes[3:]
+        assert cluster.primary_for("{chaos}:k") is new
+        assert new.client().get("{chaos}:k") == b"v"
+        # a cluster client made before the crash follows the new slot map, and a new one too
+        assert rc.get("{chaos}:k") == b"v"
+        rc.close()
+        with cluster.client() as rc2:
+            rc2.set("{chaos}:k", "w")
+        assert new.client().get("{chaos}:k") == b"w"
+    print(f"cluster 3+3 ({real_engine}): start {started:.2f}s, failover {failover:.2f}s")
+    assert failover < 10
+    assert _all_gone(pids)
