@@ -325,7 +325,7 @@ class AsyncAdmission(ClientBase):
     async def heartbeat(self, now: float | None = None):
         snap = self._book.snapshot()
         hb = await self._exec_or_raise(self.core.heartbeat(snap.seats_list(), list(snap.tickets), now))
-        lost, lost_tickets, pools = self._note_heartbeat(snap, hb)
+        lost, lost_tickets, pools = self._note_heartbeat(snap, hb, now)
         for pool in pools:
             await self._wake(pool)
         if lost or hb.reasserted or lost_tickets:

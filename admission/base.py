@@ -137,6 +137,10 @@ class ClientBase:
         self._health = health
         self._health_run: Any = None if isinstance(health, bool) else SamplerRun(health)
         self._health_version = -1
+        # the server's clock minus this pod's, learned from each heartbeat: a record that waits
+        # in the outbox is stamped on the server's clock, so a pod whose clock is off still books
+        # it on the right day (and the server does not refuse it as stamped in the future)
+        self._skew = 0.0
 
     #: What the clients read of the config hash for the live tunables and moves.
     POLICY_FIELDS = ("version", "tunables", "moves")
@@ -230,8 +234,9 @@ class ClientBase:
             if d.seat.pod == self.pod:
                 self._book.hold(d.seat)
         elif wait:
-            if d.round_id not in self._book.waiters:
-                self._book.wait(lane, d.pool, d.round_id)
+            w = self._book.waiters.get(d.round_id)
+            if w is None or (w.lane, w.pool) != (lane, d.pool):  # new, or its ticket moved there
+                self._book.wait(lane, d.pool, d.round_id).asks = w.asks if w else 0
             self._book.placed(d.round_id, None if d.reason == UNAVAILABLE else d.waiting_since)
         return self.background and ((d.admitted and d.seat.pod == self.pod) or wait)
 
@@ -241,10 +246,14 @@ class ClientBase:
             raise NotYourSeat(f"round {d.round_id} is already admitted and held by pod {d.seat.pod}")
         return d
 
-    def _note_heartbeat(self, snap: Snapshot, hb: Heartbeat) -> tuple[list[str], list[str], set[str]]:
+    def _note_heartbeat(self, snap: Snapshot, hb: Heartbeat, now: float | None = None
+                        ) -> tuple[list[str], list[str], set[str]]:
         """Drop the seats the server no longer has for this pod; forget the places of lost
         tickets. Only real losses count: what was released, admitted or re-asked while the
-        heartbeat was in flight is not news. Returns (lost seats, lost tickets, pools to wake)."""
+        heartbeat was in flight is not news. Returns (lost seats, lost tickets, pools to wake).
+        A heartbeat on the server's clock (no ``now``) also tells this pod the server's time."""
+        if now is None:
+            self._skew = hb.lease_until - self._tunables["lease_ttl"] - time.time()
         lost, lost_tickets = self._book.real_losses(snap, hb.lost, hb.lost_tickets)
         for seat_id in lost:
             self._book.drop(seat_id)
@@ -277,8 +286,11 @@ class ClientBase:
             log.error("release_bad_argument", round=handle.seat.id, error=str(bad))
         return release_record(handle.seat, outcome, seconds, cost, retry_after=retry_after), bad
 
-    @staticmethod
-    def _calls(record: dict[str, Any], core: Core) -> tuple[Call, Call | None]:
+    def _server_time(self) -> float:
+        """Now on the server's clock, as far as this pod's last heartbeat told it."""
+        return time.time() + self._skew
+
+    def _calls(self, record: dict[str, Any], core: Core) -> tuple[Call, Call | None]:
         """The script call a ledger record makes, and the charge that books a release's cost
         when Redis no longer knows its seat (a restart lost it, or its tombstone's day passed)."""
         seat = Seat(*record["seat"])
@@ -288,7 +300,7 @@ class ClientBase:
         # the provider's present: one that has passed by the replay pauses nothing
         retry_after = record.get("retry_after")
         if retry_after is not None and record["at"] is not None:
-            retry_after = max(0.0, record["at"] + retry_after - time.time()) or None
+            retry_after = max(0.0, record["at"] + retry_after - self._server_time()) or None
         call = core.release(seat, outcome=record["outcome"], seconds=record["seconds"],
                             cost_usd=record["cost_usd"], at=record["at"], retry_after=retry_after)
         lost = None if record["cost_usd"] is None else core.charge(seat, cost_usd=record["cost_usd"],
@@ -297,7 +309,7 @@ class ClientBase:
 
     def _queue(self, record: dict[str, Any], why: str) -> None:
         if record["at"] is None:  # its day is the day it ended, whenever it is replayed
-            record = {**record, "at": time.time()}
+            record = {**record, "at": self._server_time()}
         self._pending.keep(record, why)
 
     @staticmethod

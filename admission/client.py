@@ -400,7 +400,7 @@ class Admission(ClientBase):
             snap = self._book.snapshot()
         hb = self._exec_or_raise(self.core.heartbeat(snap.seats_list(), list(snap.tickets), now))
         with self._cond:
-            lost, lost_tickets, pools = self._note_heartbeat(snap, hb)
+            lost, lost_tickets, pools = self._note_heartbeat(snap, hb, now)
         for pool in pools:
             self._wake(pool)
         if lost or hb.reasserted or lost_tickets:

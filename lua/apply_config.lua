@@ -7,12 +7,16 @@
   ARGV[1]  expected current version ('' = any; a mismatch is ADM_STALE_VERSION)
   ARGV[2]  policy JSON: {lanes: [{name, floor, weight, priority, reserve, pools?}],
              tunables: {name: number}, providers: {name: {...}}, pools: [{name, provider}], ...}
+           (every lane and pool an object, each name once; a lane's reserve in [0, 1], 0 when
+           absent; its pools a non-empty list of the catalog's; lanes and tunables hold finite
+           numbers only: NaN and infinity, which cjson reads, are refused)
   ARGV[3]  token: a unique id of this apply (the client draws it), so caches see a new policy
   ARGV[4]  now ('' = Redis TIME; a `now` only with the policy's clock = "caller")
   ARGV[5]  recovery hold: 1 = when the mesh had no policy (new, or wiped by a restart without
            persistence), refuse new admissions (`recovering`) for one heartbeat period
            (lease_ttl / 3 + 1 s) so the pods' heartbeats re-assert the rounds still running
-           before anything is admitted on top of them; 0 = no hold (a mesh known to be new)
+           before anything is admitted on top of them; 0 = no hold (a mesh known to be new).
+           A policy applied to a mesh whose hold still runs keeps that hold.
   ARGV[6]  each pool's alternatives, JSON {pool: [pool, ...]} in order (admission/alternatives.py
            computes them from the policy's tiers and [alternatives]; '' = none). Checked here
            too: every name in the catalog, no pool its own alternative, never off the EU route.
@@ -43,11 +47,20 @@ return run(function()
   local function need(cond, msg) if not cond then fail(ERR.BAD_POLICY, msg) end end
   need(type(policy.lanes) == 'table' and #policy.lanes > 0, 'policy needs at least one lane')
   need(#policy.lanes <= MAX_LANES, 'policy has more than ' .. MAX_LANES .. ' lanes')
+  local function finite(v) return type(v) == 'number' and v == v and v > -math.huge and v < math.huge end
+  local lane_names = {}
   for _, l in ipairs(policy.lanes) do
+    need(type(l) == 'table', 'each lane must be an object')
     check_name('lane', l.name)
+    need(not lane_names[l.name], 'lane ' .. l.name .. ' is declared twice')
+    lane_names[l.name] = true
     need(type(l.floor) == 'number' and l.floor >= 0 and l.floor <= 1, 'lane ' .. l.name .. ': floor must be in [0, 1]')
-    need(type(l.weight) == 'number' and l.weight > 0, 'lane ' .. l.name .. ': weight must be > 0')
-    need(type(l.priority) == 'number', 'lane ' .. l.name .. ': priority must be a number')
+    need(type(l.weight) == 'number' and l.weight > 0 and finite(l.weight), 'lane ' .. l.name .. ': weight must be > 0')
+    need(finite(l.priority), 'lane ' .. l.name .. ': priority must be a number')
+    -- the budget's reserve line (provider.lua money); none given: no reserve
+    need(l.reserve == nil or (finite(l.reserve) and l.reserve >= 0 and l.reserve <= 1),
+      'lane ' .. l.name .. ': reserve must be in [0, 1]')
+    l.reserve = l.reserve or 0
   end
   need(type(policy.tunables) == 'table', 'policy needs tunables')
   for _, t in ipairs(TUNABLES) do
@@ -63,7 +76,7 @@ return run(function()
   local now
   if ARGV[4] == nil or ARGV[4] == '' then now = clock('')
   elseif clock_mode ~= 'caller' then fail(ERR.BAD_ARG, CALLER_CLOCK_ONLY)
-  else now = check_num('now', ARGV[4], nil, 0) end
+  else now = check_now(ARGV[4]) end
   local want_hold = check_one_of('recovery hold', ARGV[5] or '0', {['0'] = true, ['1'] = true}) == '1'
   -- providers: their daily limit (micro-USD) and their pools, for the budget rules
   need(policy.providers == nil or type(policy.providers) == 'table', 'providers must be an object')
@@ -84,9 +97,13 @@ return run(function()
       'pool ' .. p.name .. ': ' .. k .. ' must be a number in [' .. lo .. ', ' .. hi .. ']')
     return v
   end
+  local in_catalog = {}
   for _, p in ipairs(policy.pools) do
+    need(type(p) == 'table', 'each pool must be an object')
     check_name('pool', p.name)
     check_name('provider', p.provider)
+    need(not in_catalog[p.name], 'pool ' .. p.name .. ' is declared twice')
+    in_catalog[p.name] = p.provider
     need(string.find(p.name, '@', 1, true) ~= nil, 'pool ' .. p.name .. ' must be written model@provider')
     -- the pool's plane (docs/design.md §8): the fence's limits, all optional
     need(p.health_required == nil or type(p.health_required) == 'boolean', 'pool ' .. p.name .. ': health_required must be a boolean')
@@ -98,11 +115,16 @@ return run(function()
     table.insert(providers[p.provider].pools, p.name)
     names[#names + 1] = p.name
   end
+  -- a lane's own pools (plan's '*'): a non-empty list of pools of the catalog
+  for _, l in ipairs(policy.lanes) do
+    local own = l.pools
+    need(own == nil or (type(own) == 'table' and #own > 0), 'lane ' .. l.name .. ': pools must be a non-empty list')
+    for i, x in pairs(own or {}) do
+      need(type(i) == 'number' and type(x) == 'string' and in_catalog[x],
+        'lane ' .. l.name .. ': pools: ' .. tostring(x) .. ' is not a pool of the catalog')
+    end
+  end
   -- moving between pools (DESIGN §7): alternatives, pins, the lane of an agent
-  local in_catalog = {}
-  for _, p in ipairs(policy.pools) do in_catalog[p.name] = p.provider end
-  local lane_names = {}
-  for _, l in ipairs(policy.lanes) do lane_names[l.name] = true end
   local ok_alts, alts = pcall(cjson.decode, (ARGV[6] == nil or ARGV[6] == '') and '{}' or ARGV[6])
   need(ok_alts and type(alts) == 'table', 'alternatives must be a JSON object')
   local pv_of = policy.providers or {}
@@ -124,6 +146,8 @@ return run(function()
   end
   local pins = policy.pins or {}
   need(type(pins) == 'table', 'pins must be an object')
+  need(pins.lanes == nil or type(pins.lanes) == 'table', 'pins.lanes must be a list')
+  need(pins.agents == nil or type(pins.agents) == 'table', 'pins.agents must be a list')
   for _, l in ipairs(pins.lanes or {}) do
     need(type(l) == 'string' and lane_names[l], 'pins.lanes: ' .. tostring(l) .. ' is not a lane of the policy')
     moves.pinLanes[#moves.pinLanes + 1] = l
@@ -135,6 +159,28 @@ return run(function()
     need(type(l) == 'string' and lane_names[l], 'agents.' .. a .. ': ' .. tostring(l) .. ' is not a lane of the policy')
     moves.agents[a] = l
   end
+  -- everything stored is encoded before the first write: a value JSON cannot hold (NaN or
+  -- infinity, read from the policy's text; some cjson builds write them, Redis' does not) or a
+  -- sparse list is refused, not a write half done
+  local function finite_only(v, depth)
+    if type(v) == 'number' then return finite(v) end
+    if type(v) ~= 'table' then return true end
+    if depth > 16 then return false end
+    for _, x in pairs(v) do
+      if not finite_only(x, depth + 1) then return false end
+    end
+    return true
+  end
+  need(finite_only(policy.lanes, 0) and finite_only(policy.tunables, 0),
+    'lanes and tunables may hold finite numbers only (no NaN, no infinity), nested at most 16 deep')
+  local function encode(what, v)
+    local done, text = pcall(cjson.encode, v)
+    need(done, what .. ' cannot be stored as JSON (NaN, infinity or a sparse list)')
+    return text
+  end
+  local stored = {lanes = encode('lanes', policy.lanes), tunables = encode('tunables', policy.tunables),
+    pools = encode('pools', names), providers = encode('providers', providers), moves = encode('moves', moves),
+    planes = encode('planes', planes)}
   local current = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
   if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= current then
     fail(ERR.STALE_VERSION, 'expected version ' .. ARGV[1] .. ', found ' .. current)
@@ -149,12 +195,18 @@ return run(function()
   end
   -- A mesh without a policy is new or was wiped: its pods' rounds may still run, unknown to
   -- Redis until their next heartbeat. Hold new admissions for one heartbeat period.
+  -- Applied again while that hold runs (a retried apply job, a policy change), the hold goes on:
+  -- the pods may not have re-asserted their rounds yet.
   local hold = 0
-  if want_hold and current == 0 then hold = now + policy.tunables.lease_ttl / 3 + RECOVERY_MARGIN end
-  local fields = {'version', current + 1, 'token', token, 'lanes', cjson.encode(policy.lanes),
-    'tunables', cjson.encode(policy.tunables), 'pools', cjson.encode(names), 'policy', ARGV[2],
-    'clock', clock_mode, 'holdUntil', fmt(hold), 'providers', cjson.encode(providers), 'moves', cjson.encode(moves),
-    'planes', cjson.encode(planes)}
+  if want_hold and current == 0 then hold = now + policy.tunables.lease_ttl / 3 + RECOVERY_MARGIN
+  elseif current > 0 then
+    local running = tonumber(redis.call('HGET', KEYS[1], 'holdUntil')) or 0
+    if running > now then hold = running end
+  end
+  local fields = {'version', current + 1, 'token', token, 'lanes', stored.lanes,
+    'tunables', stored.tunables, 'pools', stored.pools, 'policy', ARGV[2],
+    'clock', clock_mode, 'holdUntil', fmt(hold), 'providers', stored.providers, 'moves', stored.moves,
+    'planes', stored.planes}
   for _, p in ipairs(policy.pools) do
     fields[#fields + 1] = 'pool:' .. p.name
     fields[#fields + 1] = p.provider

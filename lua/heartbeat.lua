@@ -6,7 +6,7 @@
   KEYS[1]  adm:{<mesh>}:config
   ARGV[1]  pod
   ARGV[2]  now ('' = Redis TIME)
-  ARGV[3]  number of seats S
+  ARGV[3]  number of seats S (a whole number; each seq a whole number >= 1)
   ARGV[4..] S groups of (seat id, seq, lane, pool, admitted at), then the waiter ticket ids
 
   Reply: {status, est. lease expiry, lost seat ids (array), re-asserted seat ids (array), lost ticket ids (array)}
@@ -23,7 +23,7 @@
 return run(function()
   local pod = check_name('pod', ARGV[1])
   local now = clock(ARGV[2])
-  local n = check_num('seat count', ARGV[3], nil, 0)
+  local n = check_whole('seat count', ARGV[3], nil, 0, MAX_SEQ)
   local cfg = load_config(nil)
   if #ARGV < 3 + 5 * n then fail(ERR.BAD_ARG, 'expected ' .. n .. ' seat groups of 5 arguments') end
   -- Seats are checked by name only: a seat whose lane or pool left the policy while its round
@@ -32,7 +32,7 @@ return run(function()
   local seats = {}
   for i = 0, n - 1 do
     local b = 4 + 5 * i
-    seats[#seats + 1] = {id = check_name('seat id', ARGV[b]), seq = check_num('seq', ARGV[b + 1], nil, 1),
+    seats[#seats + 1] = {id = check_name('seat id', ARGV[b]), seq = check_seq(ARGV[b + 1]),
       lane = check_name('lane', ARGV[b + 2]), pool = check_name('pool', ARGV[b + 3]),
       at = check_num('admitted at', ARGV[b + 4], nil, 0)}
   end

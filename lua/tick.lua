@@ -6,7 +6,7 @@
 
   KEYS[1]  adm:{<mesh>}:config
   ARGV[1]  now ('' = Redis TIME)
-  ARGV[2]  sweep limit (expired seats + tickets removed at most; default 100)
+  ARGV[2]  sweep limit (expired seats + tickets removed at most; a whole number in [1, 10000]; default 100)
 
   Reply: {status, swept, {pool, est, pool, est, ...} of the pools that grew, census refreshed (0/1)}
   Events (events.lua): `expired` for each seat whose lease ran out (pool, lane, pod), `grew` for
@@ -25,9 +25,11 @@
 --@include "fence"
 --@include "census"
 
+local MAX_SWEEP = 10000 -- leases swept in one call at most: a bounded call (the CLI sweeps 1000 a call)
+
 return run(function()
   local now = clock(ARGV[1])
-  local limit = check_num('sweep limit', ARGV[2], 100, 1)
+  local limit = check_whole('sweep limit', ARGV[2], 100, 1, MAX_SWEEP) -- ZRANGEBYSCORE LIMIT takes an integer
   local cfg = load_config(nil)
   local T = cfg.T
   local _, swept = sweep(now, limit)

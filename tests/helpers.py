@@ -85,3 +85,20 @@ def snapshot(client) -> dict:
             v = t
         out[k] = (t, v, client.ttl(k) > 0)
     return out
+
+
+# An atomic read of every seat and ticket record of a mesh (their ids come from the lease sets):
+# {seats: [id, lane, pool, pod, seq], tickets: [id, lane, pool, pod]}. KEYS[1] is the config key.
+RECORDS_LUA = """
+local prefix = string.sub(KEYS[1], 1, -7)
+local seats, tickets = {}, {}
+for _, id in ipairs(redis.call('ZRANGE', prefix .. 'seats', 0, -1)) do
+  local v = redis.call('HMGET', prefix .. 'seat:' .. id, 'lane', 'pool', 'pod', 'seq')
+  seats[#seats + 1] = {id, v[1] or '', v[2] or '', v[3] or '', v[4] or ''}
+end
+for _, id in ipairs(redis.call('ZRANGE', prefix .. 'tickets', 0, -1)) do
+  local v = redis.call('HMGET', prefix .. 'ticket:' .. id, 'lane', 'pool', 'pod')
+  tickets[#tickets + 1] = {id, v[1] or '', v[2] or '', v[3] or ''}
+end
+return {seats, tickets}
+"""

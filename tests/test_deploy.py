@@ -19,7 +19,6 @@ import contextlib
 import io
 import logging
 import re
-import shlex
 import subprocess
 import sys
 import threading
@@ -37,18 +36,18 @@ from admission import Admission, cli, scripts
 from admission.errors import ScriptError
 from admission.policy import load as load_policy
 
+from acl import ACL_FILE, ADMIN_PW, POD_PW, acl_lines, apply_acl, drop_users, user_url
+from figures import record
 from helpers import policy
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
-ACL_FILE = ROOT / "deploy" / "redis-acl.conf"
 COMPOSE = ROOT / "docker-compose.yml"
 EXAMPLE_POLICY = ROOT / "deploy" / "policy.example.toml"
 MANIFESTS = sorted(K8S.glob("*.yaml")) + sorted(K8S.glob("*.yml"))
 #: CronJob.spec.timeZone is GA from 1.27; 1.30 is a version clusters still run, and the newest
 #: schema the package bundles catches fields removed since.
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
-POD_PW, ADMIN_PW = "pod-secret-1", "admin-secret-2"
 MESH = "deploy"
 
 
@@ -260,42 +259,9 @@ def test_compose_runs_redis_with_aof_and_the_services():
 LUA_CALL = re.compile(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]")
 
 
-def acl_lines(mesh_pattern: str | None = None) -> list[list[str]]:
-    """The file's ACL SETUSER lines as argument lists, passwords filled in (what envsubst does);
-    ``mesh_pattern`` narrows adm:* to one mesh (docs/production.md)."""
-    out = []
-    for line in ACL_FILE.read_text().splitlines():
-        if not line.startswith("ACL "):
-            continue
-        line = line.replace("${ADMISSION_POD_PASSWORD}", POD_PW).replace("${ADMISSION_ADMIN_PASSWORD}", ADMIN_PW)
-        if mesh_pattern:
-            line = line.replace("~adm:*", f"~{mesh_pattern}").replace("&adm:*", f"&{mesh_pattern}")
-        out.append(shlex.split(line))
-    return out
-
-
-def apply_acl(client, lines: list[list[str]]) -> None:
-    """Apply the lines like redis-cli does: one by one, an error does not stop the rest. Only an
-    add-on line may be refused, and only for a subcommand the server does not have (Redis 7.0:
-    CLIENT SETINFO)."""
-    for args in lines:
-        try:
-            client.execute_command(*args)
-        except redis.ResponseError as exc:
-            assert "reset" not in args and "Unknown command" in str(exc), (args, exc)
-
-
-def drop_users(client) -> None:
-    client.execute_command("ACL", "DELUSER", "admission", "admission-admin")
-
-
 def grants(user: str) -> set[str]:
     """The +commands of a user's lines in the file."""
     return {w[1:].lower() for args in acl_lines() if args[2] == user for w in args[3:] if w.startswith("+")}
-
-
-def user_url(server_url: str, user: str, password: str) -> str:
-    return server_url.replace("redis://", f"redis://{user}:{password}@", 1)
 
 
 def test_acl_grants_every_command_the_functions_call_and_no_more_to_the_admin():
@@ -376,6 +342,8 @@ def test_acl_pod_user_runs_the_rules_and_nothing_else(server_url):
             assert rc == 0, (argv, out)
         log = root.execute_command("ACL", "LOG")
         assert not log, f"the rules met a refusal: {log}"
+        record("security", "ACL pod user: refusals met by the rules, the wait, the CLI", len(log), must="0",
+               settings={"user": "admission (deploy/redis-acl.conf)"})
 
         # ... and nothing else
         p = pod_a.redis
@@ -391,6 +359,8 @@ def test_acl_pod_user_runs_the_rules_and_nothing_else(server_url):
             with pytest.raises(NoPermissionError):
                 call()
                 pytest.fail(f"refused[{i}] was allowed")
+        record("security", "ACL pod user: commands outside its grant refused", f"{len(refused)} of {len(refused)}",
+               must="all", settings={"user": "admission (deploy/redis-acl.conf)"})
         sub = pod_a.redis.pubsub()
         sub.subscribe("other:wake")
         with pytest.raises(NoPermissionError):

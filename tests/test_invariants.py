@@ -118,22 +118,37 @@ def guaranteed(run: dict[str, int], wait: dict[str, int], C: int, asking: str | 
 
 
 def read_state(client) -> dict:
-    """Everything the invariants need, read straight from Redis."""
-    seats = {}
-    for k in client.scan_iter(match=PREFIX + "seat:*", count=500):
-        seats[_s(k)[len(PREFIX) + 5:]] = _hash(client, k)
-    tickets = {}
-    for k in client.scan_iter(match=PREFIX + "ticket:*", count=500):
-        tickets[_s(k)[len(PREFIX) + 7:]] = _hash(client, k)
+    """Everything the invariants need, read straight from Redis (the records found by SCAN, then
+    every read in one pipeline: a few round trips, not one per record)."""
+    seat_keys = list(client.scan_iter(match=PREFIX + "seat:*", count=500))
+    ticket_keys = list(client.scan_iter(match=PREFIX + "ticket:*", count=500))
+    waits = [(p, l) for p in POOLS for l in LANES]
+    pipe = client.pipeline(transaction=False)
+    for k in seat_keys + ticket_keys:
+        pipe.hgetall(k)
+    pipe.zrange(PREFIX + "seats", 0, -1, withscores=True)
+    pipe.zrange(PREFIX + "tickets", 0, -1, withscores=True)
+    for p in POOLS:
+        pipe.hgetall(PREFIX + "pool:" + p)
+    for p in POOLS:
+        pipe.hgetall(PREFIX + "lanes:" + p)
+    for p, l in waits:
+        pipe.zrange(PREFIX + f"wait:{p}:{l}", 0, -1)
+    replies = iter(pipe.execute())
+
+    def h(raw) -> dict[str, str]:
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    seats = {_s(k)[len(PREFIX) + 5:]: h(next(replies)) for k in seat_keys}
+    tickets = {_s(k)[len(PREFIX) + 7:]: h(next(replies)) for k in ticket_keys}
     return {
         "seats": seats,
         "tickets": tickets,
-        "seat_leases": {_s(m): s for m, s in client.zrange(PREFIX + "seats", 0, -1, withscores=True)},
-        "ticket_leases": {_s(m): s for m, s in client.zrange(PREFIX + "tickets", 0, -1, withscores=True)},
-        "pools": {p: _hash(client, PREFIX + "pool:" + p) for p in POOLS},
-        "lanes": {p: _hash(client, PREFIX + "lanes:" + p) for p in POOLS},
-        "wait": {(p, l): [_s(m) for m in client.zrange(PREFIX + f"wait:{p}:{l}", 0, -1)]
-                 for p in POOLS for l in LANES},
+        "seat_leases": {_s(m): s for m, s in next(replies)},
+        "ticket_leases": {_s(m): s for m, s in next(replies)},
+        "pools": {p: h(next(replies)) for p in POOLS},
+        "lanes": {p: h(next(replies)) for p in POOLS},
+        "wait": {w: [_s(m) for m in next(replies)] for w in waits},
     }
 
 
@@ -179,6 +194,26 @@ def check_zero(client) -> None:
     for p in POOLS:
         assert _int(st_["pools"][p], "running") == 0 and _int(st_["pools"][p], "waiting") == 0
         assert all(int(v) == 0 for v in st_["lanes"][p].values()), st_["lanes"][p]
+
+
+def check_rule(before: dict, d, pool: str, lane: str, rid: str) -> None:
+    """The admission's reason, recomputed from the state just before it (docs/design.md §5)."""
+    lanes, p = before["lanes"][pool], before["pools"][pool]
+    run = {l: _int(lanes, l) for l in LANES}
+    wait = {l: _int(lanes, l + "|w") for l in LANES}
+    est = float(p.get("est") or 2)
+    C = max(1, math.floor(est))
+    running = _int(p, "running")
+    g = guaranteed(run, wait, C, lane)
+    queue = before["wait"][(pool, lane)]
+    assert not queue or queue[0] == rid, f"{rid} admitted past older waiter {queue[0]} ({d.reason})"
+    assert d.running == running + 1 and d.slots == C, (d, running, C)
+    if d.reason == "within-floor":
+        assert run[lane] < g[lane] and running < C, (run, g, running, C)
+    elif d.reason == "overdraft":
+        assert run[lane] < g[lane] and running >= C and p.get("exhausted", "0") != "1", (run, g, running, C)
+    elif d.reason == "borrowed":
+        assert run[lane] >= g[lane] and running < C, (run, g, running, C)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,23 +286,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         return d
 
     def _check_rule(self, before: dict, d, pool: str, lane: str, rid: str) -> None:
-        """The admission's reason, recomputed from the state just before it (docs/design.md §5)."""
-        lanes, p = before["lanes"][pool], before["pools"][pool]
-        run = {l: _int(lanes, l) for l in LANES}
-        wait = {l: _int(lanes, l + "|w") for l in LANES}
-        est = float(p.get("est") or 2)
-        C = max(1, math.floor(est))
-        running = _int(p, "running")
-        g = guaranteed(run, wait, C, lane)
-        queue = before["wait"][(pool, lane)]
-        assert not queue or queue[0] == rid, f"{rid} admitted past older waiter {queue[0]} ({d.reason})"
-        assert d.running == running + 1 and d.slots == C, (d, running, C)
-        if d.reason == "within-floor":
-            assert run[lane] < g[lane] and running < C, (run, g, running, C)
-        elif d.reason == "overdraft":
-            assert run[lane] < g[lane] and running >= C and p.get("exhausted", "0") != "1", (run, g, running, C)
-        elif d.reason == "borrowed":
-            assert run[lane] >= g[lane] and running < C, (run, g, running, C)
+        check_rule(before, d, pool, lane, rid)
 
     def _live_seats(self):
         return [(pod, h.seat) for pod, adm in self.pods.items() for h in adm._book.seats.values()]

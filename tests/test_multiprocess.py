@@ -30,6 +30,8 @@ from admission import doctor
 from admission import scripts as adm_scripts
 from admission.core import decode_census
 
+from helpers import RECORDS_LUA
+
 POOL = "m@sim"
 LANE_CFG = {"alpha": (0.5, 3, 30), "beta": (0.3, 1, 20), "gamma": (0.0, 2, 10)}
 LANES = tuple(LANE_CFG)
@@ -51,22 +53,6 @@ def _s(x) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
 
 
-# An atomic read of every seat and ticket record (their ids come from the lease sets).
-_RECORDS = """
-local prefix = string.sub(KEYS[1], 1, -7)
-local seats, tickets = {}, {}
-for _, id in ipairs(redis.call('ZRANGE', prefix .. 'seats', 0, -1)) do
-  local v = redis.call('HMGET', prefix .. 'seat:' .. id, 'lane', 'pool', 'pod')
-  seats[#seats + 1] = {id, v[1] or '', v[2] or '', v[3] or ''}
-end
-for _, id in ipairs(redis.call('ZRANGE', prefix .. 'tickets', 0, -1)) do
-  local v = redis.call('HMGET', prefix .. 'ticket:' .. id, 'lane', 'pool', 'pod')
-  tickets[#tickets + 1] = {id, v[1] or '', v[2] or '', v[3] or ''}
-end
-return {seats, tickets}
-"""
-
-
 def _queue_census(pipe, config_key: str) -> None:
     """Queue the census command (rebuilt now, '' = Redis TIME) on a MULTI pipeline (the library
     is loaded by the pods' first call)."""
@@ -80,7 +66,7 @@ def snapshot(client: redis.Redis, mesh: str) -> dict:
     pipe = client.pipeline(transaction=True)
     _queue_census(pipe, prefix + "config")
     adm_scripts.pipe_call(pipe, "doctor", [prefix + "config"], [])
-    pipe.eval(_RECORDS, 1, prefix + "config")
+    pipe.eval(RECORDS_LUA, 1, prefix + "config")
     pipe.hgetall(prefix + "lanes:" + POOL)
     pipe.hgetall(prefix + "pool:" + POOL)
     for lane in LANES:

@@ -5,6 +5,8 @@ was written to fail before the fix."""
 from __future__ import annotations
 
 import asyncio
+import datetime
+import types
 import json
 import logging
 import threading
@@ -14,7 +16,7 @@ import pytest
 import redis
 
 from admission import Admission, AsyncAdmission, Status
-from admission import scripts
+from admission import base, scripts
 from admission.tools.servers import LocalServer
 from admission.errors import (BadArgument, NotYourSeat, PolicyError, RoundInProgress, ScriptError,
                               UnknownLane, UnknownSeat)
@@ -606,3 +608,36 @@ def test_bad_clock_and_hold_arguments_change_nothing(redis_client):
         with pytest.raises(redis.ResponseError, match=word):
             _raw(redis_client, "apply_config", args)
         assert snapshot(redis_client) == before
+
+
+# -- a pod whose clock is off ------------------------------------------------------------------
+
+@pytest.mark.parametrize("skew", [3600.0, -3600.0])
+def test_a_queued_release_is_stamped_on_the_servers_clock_not_the_pods(redis_client, tmp_path, monkeypatch, skew):
+    """A pod whose wall clock is an hour off holds a round when Redis becomes unreachable: the
+    release waits in its outbox. Replayed, it is booked in full on the server's day; stamped on
+    the pod's own clock it was refused as 'in the future' (dead-lettered: a lost dollar) or
+    booked on another day near midnight. The pod learns the server's clock from its heartbeat."""
+    pol = policy(ONE_LANE)
+    pol.pop("clock")
+    adm(redis_client, pod="op", pol=pol)
+    # the pod's wall clock is off (the server's, fakeredis's too, is not)
+    monkeypatch.setattr(base, "time", types.SimpleNamespace(time=lambda: time.time() + skew, monotonic=time.monotonic))
+    a = Admission(redis_client, mesh="t", pod="a", background=False, outbox=str(tmp_path / "a.outbox"))
+    held = a.round(lane="x", model=POOL, round_id="r1", timeout=5)
+    r = held.__enter__()
+    a.heartbeat()
+    r.charge(0.25, key="step")
+    r.cost_usd = 0.5
+
+    def unreachable(*args, **kwargs):
+        raise redis.ConnectionError("Redis is down")
+
+    with monkeypatch.context() as m:
+        m.setattr(scripts, "call", unreachable)
+        held.__exit__(None, None, None)
+    assert len(a._pending) == 1                               # the release waits in the outbox
+    assert a.flush() == 0
+    day = datetime.datetime.fromtimestamp(redis_client.time()[0], datetime.timezone.utc).strftime("%Y-%m-%d")
+    assert a.ledger(day)["*"] == {"p": 0.75}
+    assert not (tmp_path / "a.outbox.dead").exists()

@@ -52,9 +52,16 @@ local function read_gone(id)
   return {state = state, seq = tonumber(seq), pod = pod, pool = pool, lane = lane}
 end
 
+-- A seat's admission sequence: a whole number (the pool's `seq` is an integer that HINCRBY
+-- counts on, and a tombstone writes it back as digits).
+local MAX_SEQ = 2 ^ 53
+local function check_seq(s)
+  return check_whole('seq', s, nil, 1, MAX_SEQ)
+end
+
 -- The seat a release or a report names in ARGV[1..3]: id, seq (the admission it was given), pod.
 local function seat_args()
-  return check_name('seat id', ARGV[1]), check_num('seq', ARGV[2], nil, 1), check_name('pod', ARGV[3])
+  return check_name('seat id', ARGV[1]), check_seq(ARGV[2]), check_name('pod', ARGV[3])
 end
 
 -- A seat record (live, or its tombstone) must be this pod's, from this admission.

@@ -19,6 +19,8 @@ local function check_name(what, s, optional)
     if optional then return '' end
     fail(ERR.BAD_NAME, what .. ' is empty')
   end
+  -- a policy's JSON may hold a number, a list or null where a name belongs
+  if type(s) ~= 'string' then fail(ERR.BAD_NAME, what .. ' must be a string, got ' .. type(s)) end
   if #s > 200 then fail(ERR.BAD_NAME, what .. ' is longer than 200 characters') end
   if not string.match(s, '^[%w%._%-/:@#]+$') then
     fail(ERR.BAD_NAME, what .. ' ' .. string.format('%q', s) ..
@@ -43,6 +45,16 @@ local function check_num(what, s, default, min)
   return x
 end
 
+-- A whole number in [min, max] (check_num's rules otherwise).
+local function check_whole(what, s, default, min, max)
+  local x = check_num(what, s, default, min)
+  if x ~= math.floor(x) or x > max then
+    fail(ERR.BAD_ARG, what .. ' must be a whole number in [' .. min .. ', ' .. string.format('%.0f', max) ..
+      '], got ' .. tostring(s))
+  end
+  return x
+end
+
 local function check_one_of(what, s, allowed)
   if allowed[s] then return s end
   local names = {}
@@ -56,6 +68,14 @@ end
 -- judge (and sweep) another pod's live lease.
 local CALLER_CLOCK_ONLY = 'now is accepted only on a mesh whose policy sets clock = "caller" ' ..
   '(tests, simulator); leases are judged on the server\'s TIME'
+-- A caller's `now` (epoch seconds) stays below the year 5000: every time derived from it (a
+-- lease, the next midnight, a closure) is then a finite number that JSON can hold.
+local MAX_NOW = 1e11
+local function check_now(s)
+  local now = check_num('now', s, nil, 0)
+  if now > MAX_NOW then fail(ERR.BAD_ARG, 'now must be epoch seconds <= 1e11, got ' .. tostring(s)) end
+  return now
+end
 local function clock(s)
   if s == nil or s == '' then
     local t = redis.call('TIME')
@@ -63,7 +83,7 @@ local function clock(s)
   end
   local c = redis.call('HMGET', KEYS[1], 'token', 'clock')
   if c[1] and c[2] ~= 'caller' then fail(ERR.BAD_ARG, CALLER_CLOCK_ONLY) end
-  return check_num('now', s, nil, 0)
+  return check_now(s)
 end
 
 -- Floats leave a script as strings (Lua numbers become integers in a reply).

@@ -1,0 +1,130 @@
+"""Run the fault suite once and publish its figures.
+
+    .venv/bin/python tests/chaos/report.py            # run, print the tables
+    .venv/bin/python tests/chaos/report.py --write    # ... and write them into docs/reliability.md and README.md
+    .venv/bin/python tests/chaos/report.py --soak     # the long runs (ADMISSION_SOAK=1: minutes per fault)
+
+Every figure comes from this one run: the chaos tests, the fuzzing and the TLS and
+least-privilege tests record what they measured (tests/figures.py) into one JSON-lines file,
+and the tables are rendered from it. A failing test fails the report (nothing is written).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITE = ["tests/chaos", "tests/test_fuzz.py", "tests/test_distributed_model.py", "tests/test_tls.py",
+         "tests/test_deploy.py::test_acl_pod_user_runs_the_rules_and_nothing_else"]
+SECTIONS = {
+    "pods": "Pods killed and frozen mid-round",
+    "restart": "Redis restarts",
+    "failover": "Failovers",
+    "network": "Lost replies, delays, dropped connections, a partitioned pod",
+    "clock": "Clocks",
+    "fuzzing": "Fuzzed input",
+    "model": "The distributed model",
+    "security": "Least privilege and TLS",
+}
+START, END = "<!-- chaos-figures:start -->", "<!-- chaos-figures:end -->"
+
+
+def run(soak: bool, figures: Path) -> int:
+    env = {**os.environ, "ADMISSION_FIGURES": str(figures)}
+    if soak:
+        env["ADMISSION_SOAK"] = "1"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUITE]
+    print("running:", " ".join(cmd), flush=True)
+    return subprocess.call(cmd, cwd=ROOT, env=env)
+
+
+def _settings(s: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(s.items()))
+
+
+def render(rows: list[dict], soak: bool) -> str:
+    by = defaultdict(list)
+    for r in rows:
+        by[r["section"]].append(r)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(min(r["at"] for r in rows)))
+    out = [f"From one run of `tests/chaos/report.py{' --soak' if soak else ''}` on {when} "
+           f"({platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}).", ""]
+    for key in [*SECTIONS, *sorted(set(by) - set(SECTIONS))]:
+        if key not in by:
+            continue
+        out += [f"**{SECTIONS.get(key, key)}**", "", "| figure | value | must be | fault and settings |",
+                "|---|---:|---|---|"]
+        for r in by[key]:
+            value = f"{r['value']} {r['unit']}".strip()
+            out.append(f"| {r['name']} | {value} | {r['must'] or ''} | {_settings(r['settings'])} |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def headline(rows: list[dict]) -> str:
+    """The README's short table: every figure that must be zero, summed per kind, and the heal time."""
+    must0 = [r for r in rows if r["must"] == "0"]
+    kinds = defaultdict(list)
+    for r in must0:
+        name = re.sub(r"^[^:]*: ", "", r["name"])
+        name = re.sub(r" \(.*\)$", "", name)
+        kinds[name].append(r)
+    out = ["| what an operator fears | measured | faults |", "|---|---:|---|"]
+    for name, rs in sorted(kinds.items()):
+        total = sum(r["value"] for r in rs if isinstance(r["value"], (int, float)))
+        faults = sorted({r["section"] for r in rs})
+        out.append(f"| {name} | {total} | {', '.join(faults)} |")
+    for r in rows:
+        if r["section"] == "pods" and r["name"].startswith("heal time"):
+            out.append(f"| {r['name']} | {r['value']} {r['unit']} | lease_ttl {r['settings'].get('lease_ttl_s')} s |")
+    return "\n".join(out) + "\n"
+
+
+def splice(path: Path, text: str) -> None:
+    doc = path.read_text()
+    if START not in doc or END not in doc:
+        raise SystemExit(f"{path}: no {START} ... {END} markers to write between")
+    head, rest = doc.split(START, 1)
+    _, tail = rest.split(END, 1)
+    path.write_text(f"{head}{START}\n{text}{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--soak", action="store_true", help="the long runs (minutes per fault)")
+    ap.add_argument("--write", action="store_true", help="write the tables into docs/reliability.md and README.md")
+    ap.add_argument("--figures", help="render this JSON-lines file instead of running the suite")
+    args = ap.parse_args(argv)
+    if args.figures:
+        path = Path(args.figures)
+    else:
+        path = Path(tempfile.mkdtemp(prefix="admission-chaos-")) / "figures.jsonl"
+        code = run(args.soak, path)
+        if code != 0:
+            print(f"the suite failed (exit {code}): nothing written", file=sys.stderr)
+            return code
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not rows:
+        print("no figures recorded", file=sys.stderr)
+        return 1
+    table = render(rows, args.soak)
+    print(table)
+    print(headline(rows))
+    if args.write:
+        splice(ROOT / "docs" / "reliability.md", table)
+        splice(ROOT / "README.md", headline(rows))
+        print("written: docs/reliability.md, README.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
