@@ -284,7 +284,7 @@ def test_acl_grants_every_command_the_functions_call_and_no_more_to_the_admin():
             assert {"~adm:*", "&adm:*", "-@all", "on"} <= set(args) and args[3] == "reset", args
 
 
-def test_acl_pod_user_runs_the_rules_and_nothing_else(server_url):
+def test_acl_pod_user_runs_the_rules_and_nothing_else(server_url, real_engine):
     root = redis.Redis.from_url(server_url)
     drop_users(root)
     apply_acl(root, acl_lines())
@@ -343,7 +343,7 @@ def test_acl_pod_user_runs_the_rules_and_nothing_else(server_url):
         log = root.execute_command("ACL", "LOG")
         assert not log, f"the rules met a refusal: {log}"
         record("security", "ACL pod user: refusals met by the rules, the wait, the CLI", len(log), must="0",
-               settings={"user": "admission (deploy/redis-acl.conf)"})
+               settings={"user": "admission (deploy/redis-acl.conf)", "engine": real_engine})
 
         # ... and nothing else
         p = pod_a.redis
@@ -360,7 +360,7 @@ def test_acl_pod_user_runs_the_rules_and_nothing_else(server_url):
                 call()
                 pytest.fail(f"refused[{i}] was allowed")
         record("security", "ACL pod user: commands outside its grant refused", f"{len(refused)} of {len(refused)}",
-               must="all", settings={"user": "admission (deploy/redis-acl.conf)"})
+               must="all", settings={"user": "admission (deploy/redis-acl.conf)", "engine": real_engine})
         sub = pod_a.redis.pubsub()
         sub.subscribe("other:wake")
         with pytest.raises(NoPermissionError):

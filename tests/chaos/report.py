@@ -48,14 +48,30 @@ def run(soak: bool, figures: Path) -> int:
 
 
 def _settings(s: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(s.items()))
+    """The fault's settings; a breakdown (a dict or a long value) is left to the JSON."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(s.items()) if not isinstance(v, dict) and len(str(v)) <= 60)
+
+
+def _fold_per_command(rows: list[dict]) -> list[dict]:
+    """The fuzzers' 'inputs tried, <command>' rows become one row per fuzzer and engine."""
+    out, per = [], defaultdict(list)
+    for r in rows:
+        if r["name"].startswith("inputs tried, ") and r["name"] != "inputs tried, total":
+            per[(r["settings"].get("fuzzer"), r["settings"].get("engine"))].append(r["value"])
+        else:
+            out.append(r)
+    for (fuzzer, engine), values in per.items():
+        out.append({"section": "fuzzing", "name": f"inputs tried per command ({len(values)} commands), fewest-most",
+                    "value": f"{min(values)}-{max(values)}", "unit": "", "must": "",
+                    "settings": {"fuzzer": fuzzer, "engine": engine}, "at": 0})
+    return out
 
 
 def render(rows: list[dict], soak: bool) -> str:
     by = defaultdict(list)
-    for r in rows:
+    for r in _fold_per_command(rows):
         by[r["section"]].append(r)
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(min(r["at"] for r in rows)))
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(min(r["at"] for r in rows if r["at"])))
     out = [f"From one run of `tests/chaos/report.py{' --soak' if soak else ''}` on {when} "
            f"({platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}).", ""]
     for key in [*SECTIONS, *sorted(set(by) - set(SECTIONS))]:
@@ -77,6 +93,7 @@ def headline(rows: list[dict]) -> str:
     for r in must0:
         name = re.sub(r"^[^:]*: ", "", r["name"])
         name = re.sub(r" \(.*\)$", "", name)
+        name = re.sub(r"^atheris ", "", name)  # hypothesis and atheris: one row
         kinds[name].append(r)
     out = ["| what an operator fears | measured | faults |", "|---|---:|---|"]
     for name, rs in sorted(kinds.items()):
