@@ -22,10 +22,10 @@ from figures import soak
 
 MESH, POOL, PROVIDER = "ledger", "m@p", "p"
 LANES = ("reviews", "bugfix", "triage", "express")
-# 15 s of load by default (the chaos suite adds lost replies per pod, failovers and restarts);
+# 10 s of load by default (the chaos suite adds lost replies per pod, failovers and restarts);
 # ADMISSION_SOAK=1 or ADMISSION_LEDGER_SECONDS for the long run
 PODS, THREADS = 8, 3
-SECONDS = float(os.environ.get("ADMISSION_LEDGER_SECONDS", "120" if soak() else "15"))
+SECONDS = float(os.environ.get("ADMISSION_LEDGER_SECONDS", "120" if soak() else "10"))
 LOSS = 0.15  # the share of release and charge replies lost after the server applied them
 
 

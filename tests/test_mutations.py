@@ -1,18 +1,18 @@
 """Every rule has a test that fails when the rule is removed: each mutation below removes or
 breaks one rule in a copy of the Lua, and the named tests must turn red (on fakeredis, in a
-subprocess pointed at the copy with ADMISSION_LUA_DIR)."""
+forked process pointed at the copy with ADMISSION_LUA_DIR: tests/mutant_runner.py)."""
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from admission._paths import lua_dir
+
+import mutant_runner
 
 TESTS = Path(__file__).resolve().parent
 
@@ -519,18 +519,17 @@ def _mutant(tmp: Path, file: str, find: str, replace: str) -> Path:
     return root
 
 
-def _run(root: Path, test_file: str | list[str], expr: str) -> subprocess.CompletedProcess:
-    # no plugin autoload: the selections need none of the installed plugins (anyio, hypothesis's
-    # statistics), and loading them is a third of each mutant's run
-    env = {**os.environ, "ADMISSION_LUA_DIR": str(root), "ADMISSION_ENGINES": "fakeredis",
-           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    env.pop("ADMISSION_REQUIRE_ENGINES", None)
-    # from root's parent: `python -m pytest` puts the working directory first on sys.path, so a
-    # mutated package copy there is the one imported
-    return subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                           *(str(TESTS / f) for f in ([test_file] if isinstance(test_file, str) else test_file)),
-                           "-k", expr], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=root.parent)
+def _run(root: Path, test_file: str | list[str], expr: str) -> SimpleNamespace:
+    """The selection on the mutant, in a child forked from a process that already imported the
+    heavy modules (tests/mutant_runner.py), started in root's parent so a mutated package copy
+    there is imported first. No plugin autoload: the selections need none of the installed
+    plugins (anyio, hypothesis's statistics)."""
+    env = {"ADMISSION_LUA_DIR": str(root), "ADMISSION_ENGINES": "fakeredis", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+           "ADMISSION_REQUIRE_ENGINES": "", "ADMISSION_FIGURES": ""}
+    files = [test_file] if isinstance(test_file, str) else test_file
+    code, out = mutant_runner.run(root.parent, env, ["-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                                                     *(str(TESTS / f) for f in files), "-k", expr])
+    return SimpleNamespace(returncode=code, stdout=out)
 
 
 @pytest.mark.slow
@@ -542,18 +541,17 @@ def test_every_rule_has_a_test_that_fails_when_the_rule_is_removed(tmp_path):
         ran = "passed" in out.stdout or "failed" in out.stdout
         return rule, out.returncode, ran, out.stdout[-400:]
 
+    def control():
+        """The selections pass on an unmutated copy, so a red mutant means the rule: every
+        selection in one run (a -k expression may select a few more tests in another file: they
+        pass too). It runs beside the mutants."""
+        root = _mutant(tmp_path / "control", "admit.lua", "--", "--")
+        return _run(root, sorted({m[4] for m in MUTATIONS}), " or ".join(sorted({m[5] for m in MUTATIONS})))
+
     with ThreadPoolExecutor(max_workers=2) as pool:
+        unmutated = pool.submit(control)
         results = list(pool.map(one, enumerate(MUTATIONS)))
+        out = unmutated.result()
+    assert out.returncode == 0 and " passed" in out.stdout, "the unmutated copy fails:\n" + out.stdout[-2000:]
     survivors = [(rule, tail) for rule, code, ran, tail in results if code == 0 or not ran]
     assert not survivors, "mutations that no test caught:\n" + "\n".join(f"- {r}: {t}" for r, t in survivors)
-
-
-def test_the_unmutated_lua_passes_the_same_selections(tmp_path):
-    """The control: the selections pass on an unmutated copy, so a red mutant means the rule."""
-    root = _mutant(tmp_path, "admit.lua", "--", "--")
-    # one run of every selection (a -k expression may select a few more tests in another file:
-    # they pass too), instead of one interpreter start per file
-    files = sorted({m[4] for m in MUTATIONS})
-    out = _run(root, files, " or ".join(sorted({m[5] for m in MUTATIONS})))
-    assert out.returncode == 0, out.stdout[-2000:]
-    assert " passed" in out.stdout, out.stdout[-2000:]

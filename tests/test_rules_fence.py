@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from admission import Admission
+from admission.client import fail_fast_options
 from admission.errors import BadArgument, UnknownSeat
 
 from admission.view import render_census
@@ -266,7 +267,8 @@ def test_revision_a_borrow_for_a_stale_revision_is_refused(redis_client):
 # -- absence sheds, health leases -------------------------------------------------------------------------
 
 def test_absence_sheds_a_borrow():
-    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, socket_timeout=0.2)
+    # fail fast, as a pod's client does (redis-py's default retries with backoff for seconds)
+    dead = redis.Redis(host="127.0.0.1", port=1, **fail_fast_options(0.2, 0.2))
     a = Admission(dead, mesh="t", pod="p", background=False)
     d = a.try_admit(lane="a", model=P, round_id="I1", borrow=Q, draw=0.0)
     assert not d.admitted and d.reason == "admission-unavailable" and d.pool == Q and d.borrowed_for == P
