@@ -26,6 +26,8 @@
   Events (events.lua): `released`; `exhausted` when the estimate decreased, `closed` for a closing
     outcome, `reopened` when a probe ends clean; a load or closing outcome counts
     signal|<pool>|<outcome> in `totals` (not again for the load signal the round reported)
+  Wake-up: PUBLISH <pool> on `wake` only when a waiter can use the freed slot (a waiter of the
+    pool, or of a pool that lists it as an alternative)
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_SEAT, ADM_NOT_YOUR_SEAT, ADM_NO_CONFIG
 ]]
 --@include "codes"
@@ -67,7 +69,7 @@ return run(function()
   local p = load_pool(cfg.T, s.pool)
   local decreased = apply_outcome(cfg, p, s, id, now, outcome, seconds, cost, at, retry_after)
   drop_seat(id, s, 'released')
-  wake(s.pool)
+  wake_if_waited(cfg, s.pool, p.waiting)
   event('released', 'round', id, 'pool', s.pool, 'lane', s.lane, 'outcome', outcome, 'seconds', fmt(seconds))
   return {STATUS.RELEASED, s.pool, decreased and 1 or 0, fmt(p.est), fmt(p.succ), fmt(p.fail), fmt(p.meanCost)}
 end)

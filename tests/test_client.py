@@ -72,6 +72,41 @@ def test_a_refused_round_waits_and_is_woken_by_a_release(redis_client):
     assert 0 <= got["at"] - released < 5                    # woken by the release, not the 60 s clock
 
 
+def _wake_ups(client, release) -> list[str]:
+    """The pools a release published on the mesh's wake channel."""
+    sub = client.pubsub(ignore_subscribe_messages=True)
+    sub.subscribe("adm:{t}:wake")
+    sub.get_message(timeout=1.0)  # the subscription's confirmation
+    release()
+    got = []
+    while (msg := sub.get_message(timeout=0.3)) is not None:
+        got.append(msg["data"].decode())
+    sub.close()
+    return got
+
+
+def test_a_release_publishes_a_wake_up_only_when_a_waiter_can_use_the_slot(redis_client):
+    """No waiter: nothing published (a wake-up costs every pod a re-ask check). A waiter of the
+    pool, or of a pool that lists it as an alternative: the pool's wake-up."""
+    pol = policy(ONE_LANE, pools=("m@p", "n@p", "o@p"), max_estimate=1, seed_estimate=1)
+    pol["alternatives"] = {"n@p": ["m@p"]}  # n@p's waiters re-ask m@p
+    a = adm(redis_client, pol=pol)
+    r = Rounds(a)
+    lone = r.fill("x", 1, pool="o@p")[0]
+    assert _wake_ups(redis_client, lambda: a.release(lone, outcome="clean", seconds=1, now=T0)) == []
+    seat = r.fill("x", 1)[0]
+    assert not r.ask("x", wait=True, round_id="w-m").admitted                       # a waiter of m@p
+    assert _wake_ups(redis_client, lambda: a.release(seat, outcome="clean", seconds=1, now=T0)) == ["m@p"]
+    a._give_up("m@p", "w-m")                                                        # the waiter gives up
+    seat = r.fill("x", 1)[0]
+    held_n = r.fill("x", 1, pool="n@p")[0]
+    d = a.try_admit(lane="x", model="n@p", round_id="w-n", now=T0, draw=0.0, wait=True, alternatives=[])
+    assert not d.admitted and d.pool == "n@p"                                      # a waiter of n@p only
+    assert _wake_ups(redis_client, lambda: a.release(seat, outcome="clean", seconds=1, now=T0)) == ["m@p"]
+    a._give_up("n@p", "w-n")
+    a.release(held_n, outcome="clean", seconds=1, now=T0)
+
+
 def test_a_release_on_another_pool_does_not_wake_the_waiters(redis_client):
     pol = policy(ONE_LANE, pools=("m@p", "n@p"), grow_interval=60, max_estimate=2)
     holder = adm(redis_client, pod="pod-a", pol=pol)

@@ -183,7 +183,11 @@ def test_background_round_and_wakeup_on_cluster(rc):
             assert _counts(rc, mesh, POOL)[0] == 1
             time.sleep(0.3)  # the clock thread runs meanwhile (heartbeat + tick)
             assert rc.zscore(f"adm:{{{mesh}}}:seats", "bg-1") is not None
-    assert _counts(rc, mesh, POOL)[:2] == (0, 0)
+            # the pool's other slot taken, and a waiter behind: the release below is news to it
+            other = setup.try_admit(lane="alpha", model=POOL, round_id="bg-2", draw=0.0)
+            assert other.admitted
+            assert not setup.try_admit(lane="alpha", model=POOL, round_id="bg-w", draw=0.0, wait=True).admitted
+    assert _counts(rc, mesh, POOL)[:2] == (1, 1)
     got = None
     deadline = time.monotonic() + 5
     while got is None and time.monotonic() < deadline:
@@ -192,3 +196,6 @@ def test_background_round_and_wakeup_on_cluster(rc):
             got = msg
     sub.close()
     assert got is not None and _s(got["data"]) == POOL, got
+    setup._give_up(POOL, "bg-w")
+    setup.release(other.seat, outcome="clean", seconds=1)
+    assert _counts(rc, mesh, POOL)[:2] == (0, 0)

@@ -338,6 +338,13 @@ MUTATIONS = [
     ("a waiter that moved is re-booked where it waits", "admission/base.py",
      "if w is None or (w.lane, w.pool) != (lane, d.pool):", "if w is None:", "test_distributed_model.py",
      "waiter_that_moves_to_another_pool"),
+    ("a release publishes a wake-up only when a waiter can use the slot", "release.lua",
+     "wake_if_waited(cfg, s.pool, p.waiting)", "wake(s.pool)", "test_client.py", "publishes_a_wake_up"),
+    ("a freed slot wakes the pool's own waiters", "include/seats.lua", "local wanted = waiting > 0",
+     "local wanted = false", "test_client.py", "publishes_a_wake_up"),
+    ("a freed slot wakes the waiters of the pools that list it", "include/seats.lua",
+     "if (tonumber(redis.call('HGET', key('pool', q), 'waiting')) or 0) > 0 then", "if false then",
+     "test_client.py", "publishes_a_wake_up"),
 ]
 
 

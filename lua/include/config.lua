@@ -30,10 +30,15 @@ local function load_config(pool)
       lane = {}, max_weight = 0, hold_until = tonumber(raw[4]) or 0, providers = cjson.decode(raw[5] or '{}')}
     c.planes = cjson.decode(raw[7] or '{}')
     local mv = cjson.decode(raw[6] or '{}')
-    c.moves = {alts = {}, alt_set = {}, pin_lane = {}, pin_agent = {}, agents = {}}
+    -- movers: for each pool, the pools that list it as an alternative (their waiters re-ask it)
+    c.moves = {alts = {}, alt_set = {}, movers = {}, pin_lane = {}, pin_agent = {}, agents = {}}
     for pool, list in pairs(type(mv.alternatives) == 'table' and mv.alternatives or {}) do
       c.moves.alts[pool], c.moves.alt_set[pool] = list, {}
-      for _, a in ipairs(list) do c.moves.alt_set[pool][a] = true end
+      for _, a in ipairs(list) do
+        c.moves.alt_set[pool][a] = true
+        c.moves.movers[a] = c.moves.movers[a] or {}
+        table.insert(c.moves.movers[a], pool)
+      end
     end
     for _, l in ipairs(type(mv.pinLanes) == 'table' and mv.pinLanes or {}) do c.moves.pin_lane[l] = true end
     for _, a in ipairs(type(mv.pinAgents) == 'table' and mv.pinAgents or {}) do c.moves.pin_agent[a] = true end

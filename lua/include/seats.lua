@@ -128,3 +128,17 @@ end
 local function wake(pool)
   redis.call('PUBLISH', key('wake'), pool)
 end
+
+-- A freed slot of `pool` is news only to a waiter: one of the pool's (`waiting`), or one of a
+-- pool that lists it as an alternative (those waiters re-ask across their alternatives). No
+-- waiter, no wake-up: a release then publishes nothing.
+local function wake_if_waited(cfg, pool, waiting)
+  local wanted = waiting > 0
+  for _, q in ipairs(wanted and {} or cfg.moves.movers[pool] or {}) do
+    if (tonumber(redis.call('HGET', key('pool', q), 'waiting')) or 0) > 0 then
+      wanted = true
+      break
+    end
+  end
+  if wanted then wake(pool) end
+end
