@@ -3,8 +3,8 @@
 A test calls `record(section, name, value, settings=...)`. When ADMISSION_FIGURES names a file,
 each call appends one JSON line to it (several processes may write: one line per write, in
 append mode); otherwise nothing is written and the call only returns the value. The chaos
-report (`python -m tests.chaos.report`, see tests/chaos/README.md) runs the suite once with
-ADMISSION_FIGURES set and renders the table from that one run.
+report (`.venv/bin/python tests/chaos/report.py`, docs/reliability.md) runs the suite once
+with ADMISSION_FIGURES set and renders the tables from that one run.
 """
 from __future__ import annotations
 

@@ -133,12 +133,8 @@ end
 -- pool that lists it as an alternative (those waiters re-ask across their alternatives). No
 -- waiter, no wake-up: a release then publishes nothing.
 local function wake_if_waited(cfg, pool, waiting)
-  local wanted = waiting > 0
-  for _, q in ipairs(wanted and {} or cfg.moves.movers[pool] or {}) do
-    if (tonumber(redis.call('HGET', key('pool', q), 'waiting')) or 0) > 0 then
-      wanted = true
-      break
-    end
+  if waiting > 0 then return wake(pool) end
+  for _, q in ipairs(cfg.moves.movers[pool] or {}) do
+    if (tonumber(redis.call('HGET', key('pool', q), 'waiting')) or 0) > 0 then return wake(pool) end
   end
-  if wanted then wake(pool) end
 end

@@ -194,9 +194,6 @@ class Fleet:
                 pass
         return out
 
-    def exit_codes(self) -> dict[str, int | None]:
-        return {p.name: p.proc.returncode if p.proc else None for p in self.pods}
-
 
 # ---------------------------------------------------------------------------------------------
 # The checker
@@ -312,7 +309,6 @@ class Figures:
     reasserted: int = 0
     seated_twice: int = 0
     expected_micro: int = 0  # every distinct charge the pods announced
-    confirmed_micro: int = 0  # of those, the ones whose call returned (or whose round ended)
     samples: int = 0
     unreachable_samples: int = 0
 
@@ -394,13 +390,6 @@ def in_flight_micro(events: list[dict]) -> int:
     """What rounds that never ended (a killed pod's, a wipe's) announced: booked or not."""
     ended = {e["id"] for e in events if e["ev"] in ("released", "failed", "shed")}
     return sum(round(e["usd"] * 1e6) for e in events if e["ev"] in ("charge", "cost") and e["id"] not in ended)
-
-
-def percentile(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
 def median(xs: list[float]) -> float:

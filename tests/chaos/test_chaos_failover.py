@@ -27,6 +27,13 @@ def _outage(events: list[dict], down: float) -> tuple[float, int]:
     return first - down, shed
 
 
+def _prepare(nodes, connect_admin, mesh: str) -> None:
+    """The deploy file's users on every data node (replication does not carry them), then the
+    policy applied by the admin user (connected only once the users exist)."""
+    secure(*(n.client() for n in nodes))
+    admin(connect_admin(), mesh).apply_policy(chaos_policy(LEASE), recovery_hold=False)
+
+
 def _through_a_kill(fleet: Fleet, checker: Checker, kill, promoted, run_s: float) -> tuple[float, float]:
     """Rounds flow, the primary is killed, a new one is promoted, rounds flow again; returns
     (when it was killed, seconds until the new primary answered)."""
@@ -64,11 +71,8 @@ def test_a_sentinel_failover_seats_no_round_twice_and_loses_no_dollar(tmp_path, 
     mesh = "chaos-sentinel"
     down_after = 1000
     with LocalSentinelGroup("redis", replicas=1, sentinels=3, down_after_ms=down_after) as group:
-        for s in group.servers:
-            secure(s.client())
         fast = fail_fast_options()
-        admin(group.master_client(username=ADMIN_USER, password=ADMIN_PW, **fast), mesh).apply_policy(
-            chaos_policy(LEASE), recovery_hold=False)
+        _prepare(group.servers, lambda: group.master_client(username=ADMIN_USER, password=ADMIN_PW, **fast), mesh)
         run_s = 30 if soak() else 1.0
         fleet = Fleet(tmp_path, mesh, pods=3, provider=provider.url,
                       where={"sentinels": group.sentinel_addrs, "master": group.master_name})
@@ -85,11 +89,8 @@ def test_a_cluster_failover_seats_no_round_twice_and_loses_no_dollar(tmp_path, p
     mesh = "chaos-cluster"
     config_key = f"adm:{{{mesh}}}:config"
     with LocalCluster("redis", masters=3, replicas=1, node_timeout_ms=1000) as cluster:
-        for n in cluster.nodes:
-            secure(n.client())
         fast = fail_fast_options()
-        admin(cluster.client(username=ADMIN_USER, password=ADMIN_PW, **fast), mesh).apply_policy(
-            chaos_policy(LEASE), recovery_hold=False)
+        _prepare(cluster.nodes, lambda: cluster.client(username=ADMIN_USER, password=ADMIN_PW, **fast), mesh)
         run_s = 30 if soak() else 1.0
 
         def primary() -> redis.Redis:
