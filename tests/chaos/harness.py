@@ -211,18 +211,26 @@ class Sample:
     seats: list[tuple[str, str, str, str, int]]  # id, lane, pool, pod, seq
     tickets: list[tuple[str, str, str, str]]
     slots: dict[str, int]
+    # the server's reason for each admission streamed since the last sample ({round id: reason}):
+    # a pod whose admit reply was lost learns only "same-intent" when it asks again
+    admitted: dict[str, str] = field(default_factory=dict)
+    last_event: str = "-"
 
 
-def take_sample(client: redis.Redis, mesh: str) -> Sample:
-    """One atomic read: census (rebuilt now), doctor, records. Raises AssertionError when the
-    doctor or the counts disagree with the records."""
+def take_sample(client: redis.Redis, mesh: str, since: str = "-") -> Sample:
+    """One atomic read: census (rebuilt now), doctor, records, and the `admitted` events after
+    `since`. Raises AssertionError when the doctor or the counts disagree with the records."""
     config = f"adm:{{{mesh}}}:config"
     pipe = client.pipeline(transaction=True)
     adm_scripts.pipe_call(pipe, "census", [config], [""])
     adm_scripts.pipe_call(pipe, "doctor", [config], [])
     pipe.eval(RECORDS_LUA, 1, config)
-    census, report, (seats, tickets) = pipe.execute()
+    pipe.xrange(f"adm:{{{mesh}}}:events", since if since == "-" else f"({since}", "+")
+    census, report, (seats, tickets), streamed = pipe.execute()
     t = time.time()
+    streamed_fields = ({_s(k): _s(v) for k, v in f.items()} for _, f in streamed)
+    admitted = {f["round"]: f["reason"] for f in streamed_fields if f.get("kind") == "admitted"}
+    last_event = _s(streamed[-1][0]) if streamed else since
     census, report = decode_census(census), doctor.decode(report)
     assert report.ok, doctor.render(report)
     seats = [(_s(a), _s(b), _s(c), _s(d), int(_s(e) or 0)) for a, b, c, d, e in seats]
@@ -236,7 +244,7 @@ def take_sample(client: redis.Redis, mesh: str) -> Sample:
         waiting = sum(1 for x in tickets if x[2] == row["pool"])
         assert row["running"] == running, (row["pool"], row["running"], running)
         assert row["waiting"] == waiting, (row["pool"], row["waiting"], waiting)
-    return Sample(t, seats, tickets, slots)
+    return Sample(t, seats, tickets, slots, admitted, last_event)
 
 
 class Checker:
@@ -246,11 +254,13 @@ class Checker:
     def __init__(self, connect: Callable[[], redis.Redis], mesh: str, every: float = 0.05):
         self.connect, self.mesh, self.every = connect, mesh, every
         self.samples: list[Sample] = []
+        self.reasons: dict[str, str] = {}  # the server's admission reason of every round id
         self.unreachable = 0
         self.violations: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="chaos-checker")
         self._client: redis.Redis | None = None
+        self._since = "-"
 
     def start(self) -> "Checker":
         self._thread.start()
@@ -261,7 +271,10 @@ class Checker:
             try:
                 if self._client is None:
                     self._client = self.connect()
-                self.samples.append(take_sample(self._client, self.mesh))
+                sample = take_sample(self._client, self.mesh, self._since)
+                self._since = sample.last_event
+                self.reasons.update(sample.admitted)
+                self.samples.append(sample)
             except AssertionError as exc:
                 self.violations.append(f"{time.time():.3f} {exc}")
             except (redis.RedisError, OSError, IndexError, ValueError) as exc:
@@ -318,7 +331,10 @@ class Figures:
         return d
 
 
-def analyze(events: list[dict], samples: list[Sample], unreachable: int = 0) -> Figures:
+def analyze(events: list[dict], samples: list[Sample], unreachable: int = 0,
+            server_reasons: dict[str, str] | None = None) -> Figures:
+    """``server_reasons``: the reason the server streamed for each admission (Checker.reasons);
+    it explains a seat whose pod only heard "same-intent" after its admit reply was lost."""
     f = Figures(samples=len(samples), unreachable_samples=unreachable)
     reason: dict[tuple[str, int], str] = {}
     seqs: dict[str, set] = defaultdict(set)
@@ -341,7 +357,8 @@ def analyze(events: list[dict], samples: list[Sample], unreachable: int = 0) -> 
             f.expected_micro += round(e["usd"] * 1_000_000)
     f.reasserted = len(reasserted)
     f.seated_twice = sum(1 for s in seqs.values() if len(s) > 1)
-    overdraft = {k for k, r in reason.items() if r == "overdraft"}
+    overdraft = {k[0] for k, r in reason.items() if r == "overdraft"}
+    overdraft |= {rid for rid, r in (server_reasons or {}).items() if r == "overdraft"}
     f.overdraft_seats = len(overdraft)
     for s in samples:
         by_pool: dict[str, list] = defaultdict(list)
@@ -352,12 +369,13 @@ def analyze(events: list[dict], samples: list[Sample], unreachable: int = 0) -> 
             if extra <= 0:
                 continue
             explained = sum(1 for seat in seats
-                            if (seat[0], seat[4]) in overdraft or seat[0] in reasserted)
+                            if seat[0] in overdraft or seat[0] in reasserted)
             if extra > explained:
                 f.over_admissions += 1
                 f.over_admission_detail.append(
                     f"{s.t:.3f} {pool}: {len(seats)} seats > {s.slots.get(pool)} slots, {explained} explained: "
-                    + ", ".join(f"{x[0]}#{x[4]}:{reason.get((x[0], x[4]), '?')}" for x in seats))
+                    + ", ".join(f"{x[0]}#{x[4]}:{reason.get((x[0], x[4]), '?')}/{(server_reasons or {}).get(x[0], '?')}"
+                               for x in seats))
     return f
 
 
@@ -366,7 +384,7 @@ def judge(fleet: Fleet, checker: Checker, client: redis.Redis, *, drained: bool 
     ran over its slots beyond the overdraft and re-assertions, no round was seated twice, and
     (``drained``) every pod ended with an empty outbox. Returns the figures and the ledger."""
     events = fleet.events()
-    f = analyze(events, checker.samples, checker.unreachable)
+    f = analyze(events, checker.samples, checker.unreachable, checker.reasons)
     assert not checker.violations, checker.violations[:3]
     assert f.over_admissions == 0, f.over_admission_detail[:3]
     assert f.seated_twice == 0
