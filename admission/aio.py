@@ -18,13 +18,13 @@ import redis.asyncio as aredis
 from ._log import get_logger
 
 from . import scripts
-from .base import CURRENT_HANDLE, CURRENT_ROUND, ClientBase, charge_record
+from .base import CURRENT_HANDLE, CURRENT_ROUND, ClientBase, charge_record, release_record, translated
 from .outbox import Retry
 from .classify import outcome_of, retry_after_of
 from .client import CONNECT_TIMEOUT, SOCKET_TIMEOUT, Round, fail_fast_options, policy_of
 from .core import (UNREACHABLE, Bound, Call, Charged, Core, Decision, Released, Retried, Rollover, Seat, Tick,
                    decode_ledger)
-from .errors import AdmissionError, NoPolicy, UnknownSeat, NotYourSeat, Unavailable, WaitTimeout
+from .errors import AdmissionError, BadArgument, NoPolicy, UnknownSeat, NotYourSeat, Unavailable, WaitTimeout
 
 log = get_logger("admission")
 
@@ -44,9 +44,14 @@ class AsyncAdmission(ClientBase):
     """One pod's handle on one mesh, for asyncio workers."""
 
     def __init__(self, client: aredis.Redis, *, mesh: str, pod: str, background: bool = True,
-                 seed: int | None = None, outbox: Any = None, health: Any = False):
+                 seed: int | None = None, outbox: Any = None, health: Any = False, confirm_replicas: int = 0,
+                 confirm_timeout: float = 0.25):
+        """The options of the sync ``Admission``; ``confirm_replicas`` needs a single server or
+        Sentinel (redis.asyncio's cluster client is not supported here)."""
+        if confirm_replicas and isinstance(client, aredis.RedisCluster):
+            raise BadArgument("confirm_replicas is not supported with redis.asyncio.RedisCluster")
         super().__init__(client, mesh=mesh, pod=pod, background=background, seed=seed, outbox=outbox,
-                         health=health)
+                         health=health, confirm_replicas=confirm_replicas, confirm_timeout=confirm_timeout)
         self._lock = asyncio.Lock()
         self._wakers: dict[str, asyncio.Condition] = {}  # per pool, on one lock
         self._task: asyncio.Task | None = None
@@ -69,6 +74,14 @@ class AsyncAdmission(ClientBase):
             return await self._exec(call)
         except UNREACHABLE as exc:
             raise Unavailable(f"admission unavailable: {exc}") from exc
+
+    async def _exec_ledger(self, call: Call, replicas: int) -> tuple[Any, int]:
+        if not replicas:
+            return await self._exec_or_raise(call), 0
+        with translated():
+            reply, acked = await scripts.acall_confirmed(self.redis, call.script, call.keys, call.args, replicas,
+                                                         self._confirm_ms)
+        return call.decode(reply), acked
 
     async def apply_policy(self, policy: str | Path | Mapping[str, Any], expected_version: int | None = None, *,
                            recovery_hold: bool = True, now: float | None = None) -> int:
@@ -130,7 +143,10 @@ class AsyncAdmission(ClientBase):
         call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now, at=at,
                                  retry_after=retry_after)
         self._book.drop(seat.id)  # never renewed again, whatever the answer
-        released = await self._exec_or_raise(call)
+        released, acked = await self._exec_ledger(call, self._confirming())
+        if acked < self._confirm_replicas:  # applied, but a failover could still lose it: it waits
+            await asyncio.to_thread(self._queue, release_record(seat, outcome, seconds, cost_usd, at, retry_after),
+                                    str(self._unconfirmed(acked)))
         if released.stats is not None:
             self._note_stats({released.pool: released.stats})
         return released
@@ -139,10 +155,13 @@ class AsyncAdmission(ClientBase):
                      now: float | None = None) -> Charged:
         call = self.core.charge(seat, cost_usd=cost_usd, key=key, at=at, now=now)
         try:
-            return await self._exec_or_raise(call)
+            charged, acked = await self._exec_ledger(call, self._confirming())
         except (Unavailable, NoPolicy) as exc:
             await asyncio.to_thread(self._queue, charge_record(seat, cost_usd, key, at), type(exc).__name__)
             return Charged(False, "", "", queued=True)
+        if acked < self._confirm_replicas:
+            await asyncio.to_thread(self._queue, charge_record(seat, cost_usd, key, at), str(self._unconfirmed(acked)))
+        return charged
 
     async def flush(self) -> int:
         """Replay the ledger records waiting for Redis now; returns how many still wait. The
@@ -296,7 +315,7 @@ class AsyncAdmission(ClientBase):
         self._book.drop(handle.seat.id)
         record, bad = self._exit_record(handle, outcome, time.monotonic() - started, retry_after)
         try:
-            await asyncio.shield(self._apply_record(record))
+            await asyncio.shield(self._apply_record(record, self._confirming()))
         except Retry as exc:
             await asyncio.to_thread(self._queue, record, str(exc))
         except asyncio.CancelledError:
@@ -307,20 +326,24 @@ class AsyncAdmission(ClientBase):
         if bad is not None and raising:
             raise bad
 
-    async def _apply_record(self, record: dict[str, Any]) -> None:
+    async def _apply_record(self, record: dict[str, Any], replicas: int | None = None) -> None:
+        want = self._confirm_replicas if replicas is None else replicas
         call, lost_seat_charge = self._calls(record, self.core)
         try:
             try:
-                await self._exec_or_raise(call)
+                _, acked = await self._exec_ledger(call, want)
             except UnknownSeat as exc:
+                acked = want
                 if lost_seat_charge is not None:
-                    await self._exec_or_raise(lost_seat_charge)
+                    _, acked = await self._exec_ledger(lost_seat_charge, want)
                 self._unapplied(record, exc, cost_booked=lost_seat_charge is not None)
         except (Unavailable, NoPolicy) as exc:
             raise Retry(type(exc).__name__) from exc
         except AdmissionError as exc:
             self._unapplied(record, exc)
             raise
+        if acked < self._confirm_replicas:
+            raise self._unconfirmed(acked)
 
     async def heartbeat(self, now: float | None = None):
         snap = self._book.snapshot()

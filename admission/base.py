@@ -4,21 +4,24 @@ heartbeat, a release that could not be applied). Only I/O and waiting primitives
 between them."""
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections import deque
 from contextvars import ContextVar
 from dataclasses import astuple
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+import redis
 
 from . import policy as policy_mod
 from ._log import get_logger
 from .codes import OUTCOMES, UNAVAILABLE
-from .core import Call, Core, Decision, Heartbeat, Seat, _money, _retry_after
-from .errors import AdmissionError, BadArgument, NotYourSeat, RoundInProgress
+from .core import UNREACHABLE, Call, Core, Decision, Heartbeat, Seat, _money, _retry_after
+from .errors import AdmissionError, BadArgument, NotYourSeat, RoundInProgress, Unavailable
 from .health import SamplerRun, samplers_from_policy
-from .outbox import Outbox, OutboxFull, Retry
+from .outbox import Outbox, OutboxFull, Retry, Unconfirmed
 from .waiting import Book, Snapshot
 
 log = get_logger("admission")
@@ -98,6 +101,8 @@ class Pending:
         def again(record: dict[str, Any]) -> Any:
             try:
                 return apply(record)
+            except Unconfirmed:
+                raise  # no replica answered within the timeout: not a blip, wait for the next turn
             except Retry:
                 return apply(record)
 
@@ -115,9 +120,33 @@ class Pending:
                 log.info("outbox_replayed", applied=report.applied, kept=report.kept, dead=report.dead)
 
 
+@contextlib.contextmanager
+def translated() -> Iterator[None]:
+    """A call's failures as the clients raise them: an ``ADM_`` reply as its error class, an
+    unreachable server as ``Unavailable``."""
+    try:
+        yield
+    except redis.ResponseError as exc:
+        raise Core.translate(exc) from None
+    except UNREACHABLE as exc:
+        raise Unavailable(f"admission unavailable: {exc}") from exc
+
+
+def _confirm_options(replicas: Any, timeout: Any) -> tuple[int, int]:
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or not 0 <= replicas <= 16:
+        raise BadArgument(f"confirm_replicas must be a whole number in [0, 16], got {replicas!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0.001 <= timeout <= 60:
+        raise BadArgument(f"confirm_timeout must be seconds in [0.001, 60], got {timeout!r}")
+    return replicas, max(1, round(timeout * 1000))
+
+
 class ClientBase:
     def __init__(self, client: Any, *, mesh: str, pod: str, background: bool = True, seed: int | None = None,
-                 outbox: str | Path | Outbox | None = None, health: bool | list[Any] = False):
+                 outbox: str | Path | Outbox | None = None, health: bool | list[Any] = False,
+                 confirm_replicas: int = 0, confirm_timeout: float = 0.25):
+        # a ledger write (release, charge) is confirmed by WAIT on this many replicas before its
+        # record may be forgotten; 0 = asynchronous replication's usual promise
+        self._confirm_replicas, self._confirm_ms = _confirm_options(confirm_replicas, confirm_timeout)
         self.redis = client
         self.core = Core(mesh, pod, seed)
         self.mesh, self.pod = mesh, pod
@@ -306,6 +335,15 @@ class ClientBase:
         lost = None if record["cost_usd"] is None else core.charge(seat, cost_usd=record["cost_usd"],
                                                                    key="release", at=record["at"])
         return call, lost
+
+    def _confirming(self) -> int:
+        """How many replicas this ledger write must reach before its record is forgotten: none
+        while earlier records still wait (no replica answered: the write is applied without the
+        wait and its record queued behind them, so a missing replica stalls no round's end)."""
+        return 0 if not self._confirm_replicas or len(self._pending) else self._confirm_replicas
+
+    def _unconfirmed(self, acked: int) -> Unconfirmed:
+        return Unconfirmed(f"unconfirmed: {acked} of {self._confirm_replicas} replica(s) within {self._confirm_ms} ms")
 
     def _queue(self, record: dict[str, Any], why: str) -> None:
         if record["at"] is None:  # its day is the day it ended, whenever it is replayed

@@ -22,7 +22,7 @@ from redis.retry import Retry as RedisRetry
 from . import policy as policy_mod
 from . import scripts
 from ._log import get_logger
-from .base import CURRENT_HANDLE, CURRENT_ROUND, ClientBase, charge_record
+from .base import CURRENT_HANDLE, CURRENT_ROUND, ClientBase, charge_record, release_record, translated
 from .classify import outcome_of, retry_after_of
 from .outbox import Retry
 from .core import (UNREACHABLE, Bound, Call, Charged, Core, Decision, Released, Retried, Rollover, Seat, Tick,
@@ -71,13 +71,17 @@ class Admission(ClientBase):
     """One pod's handle on one mesh."""
 
     def __init__(self, client: redis.Redis, *, mesh: str, pod: str, background: bool = True,
-                 seed: int | None = None, outbox: Any = None, health: Any = False):
+                 seed: int | None = None, outbox: Any = None, health: Any = False, confirm_replicas: int = 0,
+                 confirm_timeout: float = 0.25):
         """``outbox``: a file path (one per pod) where the releases and charges that meet an
         unreachable Redis wait, durably, to be replayed once; without one they wait in memory.
         ``health``: True = this pod's clock runs the planes' health samplers of the policy (each
-        pool's ``health_url``); a list = these samplers (``admission.health.Sampler``)."""
+        pool's ``health_url``); a list = these samplers (``admission.health.Sampler``).
+        ``confirm_replicas``: with replicas (Sentinel, Cluster), a release or charge is confirmed
+        by ``WAIT confirm_replicas`` (up to ``confirm_timeout`` s); one not confirmed waits in the
+        outbox and is applied again (it counts once) until it is, so a failover loses no dollar."""
         super().__init__(client, mesh=mesh, pod=pod, background=background, seed=seed, outbox=outbox,
-                         health=health)
+                         health=health, confirm_replicas=confirm_replicas, confirm_timeout=confirm_timeout)
         self._cond = threading.Condition()  # guards the book
         self._wakers: dict[str, threading.Condition] = {}  # per pool, on the same lock
         self._thread: threading.Thread | None = None
@@ -107,6 +111,16 @@ class Admission(ClientBase):
             return self._exec(call)
         except UNREACHABLE as exc:
             raise Unavailable(f"admission unavailable: {exc}") from exc
+
+    def _exec_ledger(self, call: Call, replicas: int) -> tuple[Any, int]:
+        """A ledger write, then (``replicas`` > 0) WAIT for that many replicas: (the result, how
+        many confirmed it)."""
+        if not replicas:
+            return self._exec_or_raise(call), 0
+        with translated():
+            reply, acked = scripts.call_confirmed(self.redis, call.script, call.keys, call.args, replicas,
+                                                  self._confirm_ms)
+        return call.decode(reply), acked
 
     # -- policy --------------------------------------------------------------------------------
     def apply_policy(self, policy: str | Path | Mapping[str, Any], expected_version: int | None = None, *,
@@ -192,7 +206,9 @@ class Admission(ClientBase):
                                  retry_after=retry_after)
         with self._cond:
             self._book.drop(seat.id)
-        released = self._exec_or_raise(call)
+        released, acked = self._exec_ledger(call, self._confirming())
+        if acked < self._confirm_replicas:  # applied, but a failover could still lose it: it waits
+            self._queue(release_record(seat, outcome, seconds, cost_usd, at, retry_after), str(self._unconfirmed(acked)))
         if released.stats is not None:
             self._note_stats({released.pool: released.stats})
         return released
@@ -203,10 +219,13 @@ class Admission(ClientBase):
         apply it now the charge waits in the outbox (``queued``) and is replayed once."""
         call = self.core.charge(seat, cost_usd=cost_usd, key=key, at=at, now=now)
         try:
-            return self._exec_or_raise(call)
+            charged, acked = self._exec_ledger(call, self._confirming())
         except (Unavailable, NoPolicy) as exc:
             self._queue(charge_record(seat, cost_usd, key, at), type(exc).__name__)  # fsync'd: not under the lock
             return Charged(False, "", "", queued=True)
+        if acked < self._confirm_replicas:
+            self._queue(charge_record(seat, cost_usd, key, at), str(self._unconfirmed(acked)))
+        return charged
 
     def flush(self) -> int:
         """Replay the ledger records waiting for Redis now (the clock does it every beat);
@@ -368,7 +387,7 @@ class Admission(ClientBase):
             self._book.drop(handle.seat.id)
         record, bad = self._exit_record(handle, outcome, time.monotonic() - started, retry_after)
         try:
-            self._apply_record(record)
+            self._apply_record(record, self._confirming())
         except Retry as exc:
             self._queue(record, str(exc))
         except AdmissionError:
@@ -376,22 +395,28 @@ class Admission(ClientBase):
         if bad is not None and raising:
             raise bad
 
-    def _apply_record(self, record: dict[str, Any]) -> None:
+    def _apply_record(self, record: dict[str, Any], replicas: int | None = None) -> None:
         """Apply one ledger record. Raises ``Retry`` while Redis cannot apply it (unreachable, no
-        policy yet); a release whose seat Redis no longer knows is recorded and its cost booked."""
+        policy yet), ``Unconfirmed`` while too few replicas have it; a release whose seat Redis no
+        longer knows is recorded and its cost booked. ``replicas``: how many to WAIT for
+        (default ``confirm_replicas``; a replay always waits)."""
+        want = self._confirm_replicas if replicas is None else replicas
         call, lost_seat_charge = self._calls(record, self.core)
         try:
             try:
-                self._exec_or_raise(call)
+                _, acked = self._exec_ledger(call, want)
             except UnknownSeat as exc:
+                acked = want
                 if lost_seat_charge is not None:
-                    self._exec_or_raise(lost_seat_charge)
+                    _, acked = self._exec_ledger(lost_seat_charge, want)
                 self._unapplied(record, exc, cost_booked=lost_seat_charge is not None)
         except (Unavailable, NoPolicy) as exc:
             raise Retry(type(exc).__name__) from exc
         except AdmissionError as exc:
             self._unapplied(record, exc)
             raise
+        if acked < self._confirm_replicas:
+            raise self._unconfirmed(acked)
 
     # -- the clock -----------------------------------------------------------------------------
     def heartbeat(self, now: float | None = None):

@@ -75,6 +75,11 @@ class Retry(Exception):
     """Raised by a replay's ``apply``: keep this record, and every later one, for the next replay."""
 
 
+class Unconfirmed(Retry):
+    """The primary applied the record but fewer replicas than asked have it (``confirm_replicas``):
+    a failover now could lose it, so it is kept and applied again (it counts once) until they do."""
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     offset: int            # frame offset in the current file (changes when the file is compacted)

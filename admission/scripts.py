@@ -116,6 +116,57 @@ async def acall(client: Any, command: str, keys: list[str], args: list[Any]) -> 
     return await client.execute_command(*_fcall_args(command, keys, args))
 
 
+def _fcall_and_wait(target: Any, command: str, keys: list[str], args: list[Any], replicas: int,
+                    timeout_ms: int) -> Any:
+    pipe = target.pipeline(transaction=False)
+    pipe.execute_command(*_fcall_args(command, keys, args))
+    pipe.execute_command("WAIT", replicas, timeout_ms)
+    return pipe
+
+
+def _missing(reply: Any) -> bool:
+    return isinstance(reply, redis.ResponseError) and _MISSING in str(reply)
+
+
+def _moved(reply: Any) -> bool:
+    return isinstance(reply, redis.ResponseError) and str(reply).startswith(("MOVED ", "ASK "))
+
+
+def _confirm_reply(replies: list[Any]) -> tuple[Any, int]:
+    for r in replies:
+        if isinstance(r, Exception):
+            raise r
+    return replies[0], int(replies[1])
+
+
+def call_confirmed(client: Any, command: str, keys: list[str], args: list[Any], replicas: int,
+                   timeout_ms: int) -> tuple[Any, int]:
+    """FCALL one command, then WAIT on the same connection: the reply, and how many replicas
+    have acknowledged the write (and every earlier one: the replication stream is in order).
+    On a cluster both go to the node of KEYS[1]; when the slot has moved (a failover) the call
+    goes through the cluster client, which follows the move, and counts as confirmed by none."""
+    node = client.get_redis_connection(client.get_node_from_key(keys[0])) if isinstance(client, RedisCluster) \
+        else client
+    replies = _fcall_and_wait(node, command, keys, args, replicas, timeout_ms).execute(raise_on_error=False)
+    if _missing(replies[0]):
+        load(client)
+        replies = _fcall_and_wait(node, command, keys, args, replicas, timeout_ms).execute(raise_on_error=False)
+    if _moved(replies[0]):
+        return call(client, command, keys, args), 0
+    return _confirm_reply(replies)
+
+
+async def acall_confirmed(client: Any, command: str, keys: list[str], args: list[Any], replicas: int,
+                          timeout_ms: int) -> tuple[Any, int]:
+    """``call_confirmed`` for redis.asyncio (a single server, or one found through Sentinel)."""
+    replies = await _fcall_and_wait(client, command, keys, args, replicas, timeout_ms).execute(raise_on_error=False)
+    if _missing(replies[0]):
+        await aload(client)
+        replies = await _fcall_and_wait(client, command, keys, args, replicas,
+                                        timeout_ms).execute(raise_on_error=False)
+    return _confirm_reply(replies)
+
+
 def pipe_call(pipe: Any, command: str, keys: list[str], args: list[Any]) -> None:
     """Queue one command on a pipeline (the library must be loaded: see ``load``)."""
     pipe.execute_command(*_fcall_args(command, keys, args))

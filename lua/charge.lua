@@ -15,7 +15,8 @@
   ARGV[8]  at: when the cost was incurred ('' = now): the UTC day it is booked to
   ARGV[9]  now ('' = Redis TIME)
 
-  Reply: {status, provider, day}   status CHARGED, or ALREADY_CHARGED (nothing changed)
+  Reply: {status, provider, day}   status CHARGED, or ALREADY_CHARGED (nothing changed: the charge
+    key is written back as it is, util.lua rewrite)
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_NOT_YOUR_SEAT, ADM_NO_CONFIG
 ]]
 --@include "codes"

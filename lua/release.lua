@@ -21,8 +21,9 @@
   Reply: {status, pool, decreased (0/1), est, successes, failures, mean cost (micro-USD)}
     (the pool's outcome counts after this one: what the client's Thompson draws read; '' on a
     retry)
-    status RELEASED, ALREADY_RELEASED (retry; nothing changed) or EXPIRED (lease had run out:
-    the outcome counts, the counts were already healed by the sweep)
+    status RELEASED, ALREADY_RELEASED (retry; nothing changed: the tombstone is written back as
+    it is, util.lua rewrite) or EXPIRED (lease had run out: the outcome counts, the counts were
+    already healed by the sweep)
   Events (events.lua): `released`; `exhausted` when the estimate decreased, `closed` for a closing
     outcome, `reopened` when a probe ends clean; a load or closing outcome counts
     signal|<pool>|<outcome> in `totals` (not again for the load signal the round reported)
@@ -54,7 +55,10 @@ return run(function()
   if not s then
     local gone = check_owner(id, read_gone(id), seq, pod)
     if not gone then fail(ERR.UNKNOWN_SEAT, 'no seat ' .. id .. ' (never admitted, or gone for a day)') end
-    if gone.state == 'released' then return {STATUS.ALREADY_RELEASED, gone.pool, 0, '', '', '', ''} end
+    if gone.state == 'released' then
+      rewrite(key('gone', id))
+      return {STATUS.ALREADY_RELEASED, gone.pool, 0, '', '', '', ''}
+    end
     cost = check_cost(ARGV[6], gone.lane, gone.pool, at)
     -- expired under a live round (a slow heartbeat): the counts were healed by the sweep; the
     -- round still ran, so count what it saw, once

@@ -56,9 +56,10 @@ end
 -- Book a cost once per (seat, key); false when that key was booked before.
 local function book(seat_id, seq, charge_key, lane, pool, at, cost)
   -- a booking made before the key carried the seq (kept SPEND_DAYS) still counts it once
-  if redis.call('EXISTS', key('charged', seat_id, charge_key)) == 1 then return false end
+  local old = key('charged', seat_id, charge_key)
+  if redis.call('EXISTS', old) == 1 then rewrite(old) return false end
   local k = key('charged', seat_id, string.format('%d', tonumber(seq)), charge_key)
-  if redis.call('SET', k, fmt(cost), 'NX', 'EX', SPEND_DAYS * 86400) == false then return false end
+  if redis.call('SET', k, fmt(cost), 'NX', 'EX', SPEND_DAYS * 86400) == false then rewrite(k) return false end
   local provider = provider_of(pool)
   local day = key('spend', utc_day(at))
   redis.call('HINCRBY', day, lane .. '|' .. provider, string.format('%.0f', cost))

@@ -106,6 +106,15 @@ local function utc_day(t)
 end
 
 -- Bind one call's keys and arguments; a malformed KEYS[1] is an error reply.
+-- A replay that changes nothing writes its record back as it is (value and TTL): a client that
+-- confirms ledger writes (WAIT, confirm_replicas) waits for its connection's last write, and
+-- the record's first application may have come over another connection (a lost reply, a
+-- restarted pod), so without a write here the WAIT could answer for something older.
+local function rewrite(k)
+  local v = redis.call('GET', k)
+  if v then redis.call('SET', k, v, 'KEEPTTL') end
+end
+
 local function bind(keys, args)
   KEYS, ARGV = keys, args
   local k = KEYS[1] or ''

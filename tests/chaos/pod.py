@@ -6,7 +6,8 @@ Settings (JSON): url | sentinels [[host, port], ...] + master | cluster_nodes [[
 mesh, pod, lanes, pools, threads, seed, journal (a file), outbox (a file, optional), provider (the
 fake provider's base URL, optional), work_s [lo, hi] (each round's own work after the provider
 call), round_timeout, clock_skew (seconds added to this process's wall clock: a pod whose clock is
-off), username/password (the ACL pod user).
+off), username/password (the ACL pod user), confirm_replicas (WAIT for that many replicas after
+each release and charge).
 
 Each worker thread loops until SIGTERM: pick a lane and a pool, `with adm.round(...)`, call the
 provider, book a mid-round charge (key "step") and set the round's cost, and end. Every step is
@@ -15,7 +16,8 @@ applied is always in the journal) and after it returns:
 
     ask / admitted (seq, reason, running, slots, pool) / charge (usd) / cost (usd) / released /
     shed (the round never got a seat: the error) / failed (an exception inside the round) /
-    reasserted (seat ids a heartbeat re-asserted) / exit (outbox records still pending)
+    reasserted (seat ids a heartbeat re-asserted) / queued (a ledger record that waits: Redis
+    unreachable, or not confirmed by a replica) / exit (outbox records still pending)
 
 Costs are whole micro-USD so the checker can add them exactly. On SIGTERM the pod finishes its
 rounds, replays its outbox until it is empty (or 20 s), closes and exits 0.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import random
 import signal
@@ -100,7 +103,7 @@ def main() -> int:
     pod = cfg["pod"]
     journal = Journal(cfg["journal"], pod)
     adm = Admission(_client(cfg), mesh=cfg["mesh"], pod=pod, background=True, seed=cfg.get("seed", 1),
-                    outbox=cfg.get("outbox"))
+                    outbox=cfg.get("outbox"), confirm_replicas=cfg.get("confirm_replicas", 0))
     beat = adm.heartbeat
 
     def heartbeat(now=None):  # the journal learns which seats a heartbeat re-asserted
@@ -110,6 +113,15 @@ def main() -> int:
         return hb
 
     adm.heartbeat = heartbeat
+
+    class Queued(logging.Handler):  # the journal learns which ledger writes waited, and why
+        def emit(self, record: logging.LogRecord) -> None:
+            fields = getattr(record, "admission", None) or {}
+            if fields.get("event") == "ledger_record_queued":
+                journal("queued", id=fields.get("round"), op=fields.get("op"), why=str(fields.get("why")))
+
+    logging.getLogger("admission").addHandler(Queued())
+    logging.getLogger("admission").setLevel(logging.INFO)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     lo, hi = cfg.get("work_s", [0.02, 0.08])
