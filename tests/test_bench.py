@@ -18,34 +18,57 @@ pytestmark = [pytest.mark.real,
 
 def test_bench_quick_prints_the_figures(capsys, tmp_path):
     out_json = tmp_path / "bench.json"
-    rc = bench.main(["--quick", "--engine", ENGINE, "--lanes", "1,8", "--seats", "3,20", "--waiters", "0,5",
-                     "--iterations", "25", "--no-progress", "--json", str(out_json)])
+    rc = bench.main(["--quick", "--engine", ENGINE, "--lanes", "1,7", "--seats", "3,20", "--waiters", "0,5",
+                     "--iterations", "25", "--pods", "2", "--no-progress", "--json", str(out_json)])
     assert rc == 0
     out = capsys.readouterr().out
-    for words in ("admit p50", "admit p99", "release p50", "PING p50", "admit/PING", "server µs/call",
-                  "vs smallest", "target: admit p50 ≤ 1.5× PING p50", "flat in seats and waiters"):
+    for words in ("admit−PING p50", "release−PING p50", "floor−PING p50", "PING p50", "server admit",
+                  "server release", "server floor", "vs smallest", "target: admit−PING p50 ≤ 40 µs",
+                  "target: release−PING p50 ≤ 40 µs", "target: server admit ≤ 30 µs", "flat in seats and waiters",
+                  "2 pod processes", "decisions/s"):
         assert words in out, f"{words!r} missing from:\n{out}"
     result = json.loads(out_json.read_text())
     assert result["engine"] == ENGINE and result["version"]
     cases = result["cases"]
     assert [(c["lanes"], c["seats"], c["waiters"]) for c in cases] == [
-        (l, s, w) for l in (1, 8) for s in (3, 20) for w in (0, 5)]
+        (l, s, w) for l in (1, 7) for s in (3, 20) for w in (0, 5)]
     for c in cases:
         assert c["iterations"] == 25
-        assert c["admit_p50"] > 0 and c["release_p50"] > 0 and c["ping_p50"] > 0
-        assert c["admit_p99"] >= c["admit_p50"]
-        assert c["server_usec_per_call"] > 0
-        assert c["server_calls"] == 2 * 25  # admit + release by EVALSHA; the waiter refills go by EVAL
+        assert c["admit_p50"] > 0 and c["release_p50"] > 0 and c["ping_p50"] > 0 and c["floor_p50"] > 0
+        assert c["admit_p99"] >= c["admit_p50"] and c["admit_extra_p99"] >= c["admit_extra_p50"]
+        assert c["server_admit_usec"] > 0 and c["server_release_usec"] > 0 and c["server_floor_usec"] > 0
+        assert c["server_calls"] == 2 * 25  # the server blocks: 25 admits, then their releases (refills apart)
         assert c["reasons"] == {"within-floor": 25}  # the measured path is the same in every case
     smallest = [c for c in cases if c["seats"] == 3 and c["waiters"] == 0]
     assert all(c["vs_smallest"] == pytest.approx(1.0) for c in smallest)
+    assert result["pods"]["pods"] == 2 and result["pods"]["decisions"] > 0
     # one printed row per case
-    assert sum(1 for line in out.splitlines() if line.strip().startswith(("1 ", "8 "))) == len(cases)
+    assert sum(1 for line in out.splitlines() if line.strip().startswith(("1 ", "7 "))) == len(cases)
 
     md = bench.render(result, markdown=True)
     rows = [line for line in md.splitlines() if line.startswith("| ")]
     assert len(rows) == 1 + len(cases)  # header + one per case
-    assert rows[0].startswith("| lanes | seats | waiters | admit p50")
+    assert rows[0].startswith("| lanes | seats | waiters | admit−PING p50")
+
+
+def test_the_floor_function_leaves_the_mesh_untouched():
+    """The floor writes only floor:* keys: the mesh's seats, counts and ledger are as they were."""
+    from admission.tools.servers import LocalServer
+    import redis
+
+    with LocalServer(ENGINE) as srv:
+        c = redis.Redis(port=srv.port)
+        from admission import Admission
+
+        adm = Admission(c, mesh=bench.MESH, pod="bench", background=False)
+        adm.apply_policy(bench.bench_policy(7, 100), recovery_hold=False)
+        before = {k: c.type(k) for k in c.keys("*")}
+        c.function_load(bench.FLOOR_LIBRARY, replace=True)
+        reply = c.fcall("adm_bench_floor", 1, adm.core.config_key, "f-1", bench.MEASURED_LANE, bench.POOL, "bench",
+                        *bench.lane_fields(7))
+        assert reply[0] == 1 and reply[1] == b"within-floor"
+        after = {k: c.type(k) for k in c.keys("*") if b":floor:" not in k}
+        assert after == before
 
 
 def test_lanes_table_floors():
