@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -246,7 +247,8 @@ class Core:
         self.config_key = f"adm:{{{mesh}}}:config"
         self.census_key = f"adm:{{{mesh}}}:census"
         self.wake_channel = f"adm:{{{mesh}}}:wake"
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(seed)  # the Thompson draws (rank)
+        self._uniform = random.Random(seed).random  # the one draw per admit: 10x cheaper than numpy's
 
     def _call(self, script: str, args: list[Any], decode) -> Call:
         return Call(script, [self.config_key], args, decode)
@@ -260,7 +262,7 @@ class Core:
         the outcome counts of the alternatives the script looked at ({pool: (succ, fail, USD)}).
         ``borrow``: run on this pool for ``model`` (the primary), behind the fence."""
         if draw is None:
-            draw = float(self.rng.random())
+            draw = self._uniform()
         elif isinstance(draw, bool) or not isinstance(draw, (int, float)) or not 0 <= draw < 1:
             raise BadArgument(f"draw must be a number in [0, 1), got {draw!r}")
         args = [round_id, lane or "", model, self.pod, agent or "", _now(now), repr(float(draw)),
@@ -269,16 +271,16 @@ class Core:
 
         def decode(r):
             status, reason, pool, rid, seq, lane_, est, running, slots, version, at, holder, asked, stats = r[:14]
-            paused_for = float(_s(r[14])) if len(r) > 14 and r[14] else 0.0
-            admitted, at = int(status) == Status.ADMITTED, float(_s(at))
+            paused_for = float(r[14]) if len(r) > 14 and r[14] else 0.0
+            admitted, at = int(status) == Status.ADMITTED, float(at)  # float() and int() take bytes
+            rid, pool, lane_ = _s(rid), _s(pool), _s(lane_)
             if on_stats is not None and stats:
-                on_stats({_s(stats[i]): (float(_s(stats[i + 1])), float(_s(stats[i + 2])),
-                                         float(_s(stats[i + 3])) / 1e6) for i in range(0, len(stats), 4)})
+                on_stats({_s(stats[i]): (float(stats[i + 1]), float(stats[i + 2]), float(stats[i + 3]) / 1e6)
+                          for i in range(0, len(stats), 4)})
             # same-intent from another pod: the seat is that pod's (this pod must not run the round)
-            seat = Seat(_s(rid), int(seq), _s(pool), _s(lane_), _s(holder), at) if admitted else None
-            return Decision(admitted, _s(reason), _s(rid), _s(lane_), _s(pool), seat, float(_s(est)),
-                            int(running), int(slots), int(version), None if admitted else at, _s(asked),
-                            model if borrow else "", paused_for)
+            seat = Seat(rid, int(seq), pool, lane_, _s(holder), at) if admitted else None
+            return Decision(admitted, _s(reason), rid, lane_, pool, seat, float(est), int(running), int(slots),
+                            int(version), None if admitted else at, _s(asked), model if borrow else "", paused_for)
 
         return self._call("admit", args, decode)
 
@@ -338,9 +340,8 @@ class Core:
                 _epoch("at", at), _retry_after(retry_after)]
 
         def decode(r):
-            stats = (float(_s(r[4])), float(_s(r[5])), float(_s(r[6])) / 1e6) if _s(r[4]) else None
-            return Released(Status(int(r[0])), _s(r[1]), bool(int(r[2])), float(_s(r[3])) if _s(r[3]) else None,
-                            stats)
+            stats = (float(r[4]), float(r[5]), float(r[6]) / 1e6) if r[4] else None
+            return Released(Status(int(r[0])), _s(r[1]), bool(int(r[2])), float(r[3]) if r[3] else None, stats)
 
         return self._call("release", args, decode)
 

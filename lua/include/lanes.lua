@@ -1,13 +1,7 @@
 -- Per-lane counts of one pool, in the hash `lanes:<p>`: `<lane>` running (delegated included),
 -- `<lane>|w` waiting, `<lane>|d` delegated. One HMGET reads every lane: O(lanes).
 local function load_lanes(cfg, pool)
-  local fields = {}
-  for _, l in ipairs(cfg.lanes) do
-    fields[#fields + 1] = l.name
-    fields[#fields + 1] = l.name .. '|w'
-    fields[#fields + 1] = l.name .. '|d'
-  end
-  local v = redis.call('HMGET', key('lanes', pool), unpack(fields))
+  local v = redis.call('HMGET', key('lanes', pool), unpack(cfg.lane_fields))
   local run, wait, del = {}, {}, {}
   for i, l in ipairs(cfg.lanes) do
     run[l.name] = tonumber(v[3 * i - 2]) or 0
