@@ -76,3 +76,24 @@ def test_lanes_table_floors():
         lanes = bench.lanes_table(n)
         assert len(lanes) == n and bench.MEASURED_LANE in lanes
         assert sum(l["floor"] for l in lanes.values()) <= 1 + 1e-9
+
+
+def test_against_times_two_libraries_side_by_side(capsys, tmp_path):
+    import shutil
+
+    from admission._paths import lua_dir
+
+    other = tmp_path / "lua"
+    shutil.copytree(lua_dir(), other)
+    (other / "admit.lua").write_text((other / "admit.lua").read_text() + "\n-- another version\n")
+    assert bench.main(["--against", str(other), "--quick", "--engine", ENGINE, "--lanes", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "admit min" in out and "release min" in out and "change" in out
+    row = next(line for line in out.splitlines() if line.strip().startswith("1 "))
+    assert len(row.split()) == 13  # lanes, 4 admit figures + change (2 words), 4 release figures + change
+
+
+def test_against_refuses_a_folder_without_the_lua(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--against", str(tmp_path), "--engine", ENGINE])
+    assert "holds no admit.lua" in capsys.readouterr().err
