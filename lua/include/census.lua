@@ -98,7 +98,7 @@ local function build_census(cfg, now)
   -- committed part): one pass over the pools, O(pools × lanes)
   local in_flight = {}
   for i, pool in ipairs(catalog()) do
-    local p, L = load_pool(cfg.T, pool), load_lanes(cfg, pool)
+    local p, L = load_pool(cfg.T, pool), load_lanes(cfg, pool, true)
     loaded[i] = {pool = pool, p = p, L = L}
     local provider = check_pool(pool)
     in_flight[provider] = in_flight[provider] or {}

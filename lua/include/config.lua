@@ -43,20 +43,21 @@ local function load_config(pool)
     for _, l in ipairs(type(mv.pinLanes) == 'table' and mv.pinLanes or {}) do c.moves.pin_lane[l] = true end
     for _, a in ipairs(type(mv.pinAgents) == 'table' and mv.pinAgents or {}) do c.moves.pin_agent[a] = true end
     for a, l in pairs(type(mv.agents) == 'table' and mv.agents or {}) do c.moves.agents[a] = l end
-    -- what load_lanes reads of a pool's lane counts: run, waiting and delegated per lane
-    c.lane_fields = {}
+    -- what load_lanes reads of a pool's lane counts: running and waiting per lane (a decision),
+    -- and delegated too (the census)
+    c.lane_fields, c.lane_fields_d = {}, {}
     for _, l in ipairs(c.lanes) do
       c.lane[l.name] = l
       if l.weight > c.max_weight then c.max_weight = l.weight end
       c.lane_fields[#c.lane_fields + 1] = l.name
       c.lane_fields[#c.lane_fields + 1] = l.name .. '|w'
-      c.lane_fields[#c.lane_fields + 1] = l.name .. '|d'
+      for _, f in ipairs({l.name, l.name .. '|w', l.name .. '|d'}) do c.lane_fields_d[#c.lane_fields_d + 1] = f end
     end
     CONFIG_CACHE[KEYS[1]] = c
   end
   return {version = c.version, lanes = c.lanes, T = c.T, lane = c.lane, max_weight = c.max_weight,
     hold_until = c.hold_until, providers = c.providers, moves = c.moves, planes = c.planes, provider = pool and v[2] or nil,
-    lane_fields = c.lane_fields}
+    lane_fields = c.lane_fields, lane_fields_d = c.lane_fields_d}
 end
 
 -- A round's lane: the one it names, else its agent's (laneOfAgent, [agents]).

@@ -109,8 +109,10 @@ end
 
 local function decide(cfg, T, p, L, lane, u, guarded)
   local g = guaranteed(cfg, L, slots(p), lane)
-  return decide_at(cfg, T, p, rivals(cfg, L, g, lane, cfg.lane[lane].priority), lane, L.run[lane], g[lane], u,
-    guarded)
+  local run, g_me = L.run[lane], g[lane]
+  -- below its floor, check 4 decides alone: the other lanes' rivalry is not built
+  if run < g_me then return decide_at(cfg, T, p, nil, lane, run, g_me, u, guarded) end
+  return decide_at(cfg, T, p, rivals(cfg, L, g, lane, cfg.lane[lane].priority), lane, run, g_me, u, guarded)
 end
 
 -- The money checks along a run of newcomers: newcomer k (0-based) has k more rounds in flight on

@@ -1,14 +1,16 @@
 -- Per-lane counts of one pool, in the hash `lanes:<p>`: `<lane>` running (delegated included),
 -- `<lane>|w` waiting, `<lane>|d` delegated. One HMGET reads every lane: O(lanes).
-local function load_lanes(cfg, pool)
-  local v = redis.call('HMGET', key('lanes', pool), unpack(cfg.lane_fields))
-  local run, wait, del = {}, {}, {}
+-- A decision reads running and waiting per lane; the census (`delegated`) the delegated too.
+local function load_lanes(cfg, pool, delegated)
+  local per = delegated and 3 or 2
+  local v = redis.call('HMGET', key('lanes', pool), unpack(delegated and cfg.lane_fields_d or cfg.lane_fields))
+  local L = {run = {}, wait = {}, del = delegated and {} or nil}
   for i, l in ipairs(cfg.lanes) do
-    run[l.name] = tonumber(v[3 * i - 2]) or 0
-    wait[l.name] = tonumber(v[3 * i - 1]) or 0
-    del[l.name] = tonumber(v[3 * i]) or 0
+    L.run[l.name] = tonumber(v[per * i - per + 1]) or 0
+    L.wait[l.name] = tonumber(v[per * i - per + 2]) or 0
+    if delegated then L.del[l.name] = tonumber(v[per * i]) or 0 end
   end
-  return {run = run, wait = wait, del = del}
+  return L
 end
 
 -- Guaranteed slots (DESIGN §5.4): among the lanes that have work (running or waiting; `asking`
