@@ -60,8 +60,9 @@ end
 local function budget(cfg, name, now, pv)
   local pc = cfg.providers[name]
   if not pc then return nil end
-  local day = utc_day(now)
   pv = pv or load_provider(name)
+  if not pc.limit and not pv.readLimit then return nil end -- no limit, whatever the day
+  local day = utc_day(now)
   local today = pv.readDay == day
   local limit = pc.limit
   if today and pv.readLimit then limit = limit and math.min(limit, pv.readLimit) or pv.readLimit end

@@ -91,9 +91,13 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
--- UTC day YYYY-MM-DD of an epoch second (civil-from-days; scripts have no os.date).
+-- UTC day YYYY-MM-DD of an epoch second (civil-from-days; scripts have no os.date). The last
+-- day asked is kept: nearly every call asks for today.
+local LAST_DAY, LAST_DAY_TEXT = nil, nil
 local function utc_day(t)
-  local z = math.floor(t / 86400) + 719468
+  local days = math.floor(t / 86400)
+  if days == LAST_DAY then return LAST_DAY_TEXT end
+  local z = days + 719468
   local era = math.floor(z / 146097)
   local doe = z - era * 146097
   local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
@@ -102,10 +106,10 @@ local function utc_day(t)
   local d = doy - math.floor((153 * mp + 2) / 5) + 1
   local m = mp < 10 and mp + 3 or mp - 9
   local y = yoe + era * 400 + (m <= 2 and 1 or 0)
-  return string.format('%04d-%02d-%02d', y, m, d)
+  LAST_DAY, LAST_DAY_TEXT = days, string.format('%04d-%02d-%02d', y, m, d)
+  return LAST_DAY_TEXT
 end
 
--- Bind one call's keys and arguments; a malformed KEYS[1] is an error reply.
 -- A replay that changes nothing writes its record back as it is (value and TTL): a client that
 -- confirms ledger writes (WAIT, confirm_replicas) waits for its connection's last write, and
 -- the record's first application may have come over another connection (a lost reply, a
@@ -115,6 +119,7 @@ local function rewrite(k)
   if v then redis.call('SET', k, v, 'KEEPTTL') end
 end
 
+-- Bind one call's keys and arguments; a malformed KEYS[1] is an error reply.
 local function bind(keys, args)
   KEYS, ARGV = keys, args
   local k = KEYS[1] or ''
