@@ -464,3 +464,34 @@ def test_provider_day_fallback_report_table_json_and_plot(short_fallback_day, tm
     traces = {"provider-day-fallback": {job.policy: trace for job, _, trace in short_fallback_day.values()}}
     (path,) = report.plots(traces, doc, tmp_path)
     assert path.name == "provider-day-fallback.png" and path.stat().st_size > 1000
+
+
+# -- sustained: hours of load above capacity --------------------------------------------------
+@needs_server
+def test_sustained_load_measures_the_429_rate_the_providers_use_and_the_estimate_against_k(backend):
+    """The oracle holds K: no 429, the provider fully used, its estimate K. The shipped admission
+    is measured on the same load (its figures are the baseline docs/simulation.md gives); the step
+    admission, which reacts to each refusal with a tenth of the load, is refused far more often."""
+    sc = scenarios.make("sustained", K)
+    assert sc.window_start == 3600.0 and sc.hours == load.SUSTAINED_HOURS - 1
+    items = sc.build(rng_for(1, "sustained", 0))
+    arrival_per_hour = len(items) / load.SUSTAINED_HOURS
+    served_per_hour = K * model.rate(int(K), K) / load.SUSTAINED_TOKENS * 3600
+    assert arrival_per_hour == pytest.approx(load.SUSTAINED_OVERLOAD * served_per_hour, rel=0.15)
+    pool = next(iter(sc.pools))
+    oracle, = runs(backend, "sustained", "oracle", 1)
+    assert oracle["rate_limited_per_10min"] == 0 and oracle["cut"] == 0
+    assert oracle["utilisation"][pool] == pytest.approx(1.0, abs=0.01)
+    assert oracle["estimate_within_one"][pool] == 1.0
+    grow, = runs(backend, "sustained", "seed-and-grow", 1)
+    step, = runs(backend, "sustained", "step", 1)
+    assert 0 < grow["utilisation"][pool] <= 1 and 0 <= grow["estimate_within_one"][pool] <= 1
+    assert step["rate_limited_per_10min"] > 10 * grow["rate_limited_per_10min"]
+
+
+def test_the_sustained_table_prints_its_own_figures(tmp_path):
+    rc = cli.main(["--scenario", "sustained", "--runs", "1", "--engine", "fakeredis", "--no-progress",
+                   "--json", str(tmp_path / "s.json")])
+    assert rc == 0
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert set(doc["scenarios"]["sustained"]["policies"]) == set(scenarios.SINGLE)

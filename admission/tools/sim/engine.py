@@ -77,7 +77,12 @@ class Sim:
         self.peak = {p: 0 for p in pools}
         self.peak_over = {p: -math.inf for p in pools}
         self.above_k = {p: 0.0 for p in pools}
+        self.busy = {p: 0.0 for p in pools}  # ∫ min(n, K) dt over the window: the provider's use
         self._last_change = {p: 0.0 for p in pools}
+        # the policy's estimates, sampled on the pods' clocks within the window: samples, and those
+        # where every estimate was within one of K
+        self.est_samples = {p: 0 for p in pools}
+        self.est_within_one = {p: 0 for p in pools}
         self.trace = Trace({p: [] for p in pools}) if record else None
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -99,10 +104,22 @@ class Sim:
         return self.now >= self.window_start
 
     def _served_changed(self, pool: model.ProviderPool) -> None:
-        """Before n changes: integrate the time spent above K."""
-        if pool.n > pool.k and self._in_window():
-            self.above_k[pool.name] += self.now - max(self._last_change[pool.name], self.window_start)
+        """Before n changes: integrate the time spent above K, and the provider's use."""
+        if self._in_window():
+            dt = self.now - max(self._last_change[pool.name], self.window_start)
+            if pool.n > pool.k:
+                self.above_k[pool.name] += dt
+            self.busy[pool.name] += min(pool.n, pool.k) * dt
         self._last_change[pool.name] = self.now
+
+    def _sample_estimates(self) -> None:
+        if not self._in_window():
+            return
+        for name, pool in self.pools.items():
+            est = self.policy.estimates(name)
+            self.est_samples[name] += 1
+            if est and all(abs(e - pool.k) <= 1.0 for e in est):
+                self.est_within_one[name] += 1
 
     def _record(self, pool: str) -> None:
         if self.trace is not None:
@@ -277,6 +294,7 @@ class Sim:
                     self._pace(p, pool)
             for pool in self.pools:
                 self._record(pool)
+            self._sample_estimates()
             self._push(self.now + CLOCK, CLOCK_EV, pod)
         elif kind == WAKE:
             self._wakes.discard(payload)
@@ -327,6 +345,11 @@ class Sim:
             "tokens_per_s": self.tokens_done / span if span > 0 else 0.0,
             "start_minutes": ramp,
             "minutes_above_k": {p: v / 60.0 for p, v in self.above_k.items()},
+            # the provider's use: mean min(n, K) / K over the window
+            "utilisation": {p: (self.busy[p] / (pool.k * span) if span > 0 else 0.0) for p, pool in self.pools.items()},
+            "estimate_within_one": {p: (self.est_within_one[p] / self.est_samples[p] if self.est_samples[p] else None)
+                                    for p in self.pools},
+            "rate_limited_per_10min": self.rate_limited / (span / 600.0) if span > 0 else 0.0,
             "peak_over_estimate": {p: (None if v == -math.inf else v) for p, v in self.peak_over.items()},
             "drained": finished,
             "sim_minutes": span / 60.0,

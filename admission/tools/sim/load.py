@@ -59,6 +59,12 @@ EXPRESS_TOKENS = 20_000
 EU_LANE = "express"              # its rounds are EU-routed: they ask for the EU pool all day
 EU_CAPACITY_SHARE = 1.0          # the EU pool's hidden K, as a share of the router pool's K
 EU_KEY_LIMIT_USD = None          # the EU provider's key has no daily limit
+# sustained: hours of load above capacity on one pool. Rounds of one size arrive (Poisson) at
+# SUSTAINED_OVERLOAD times what K rounds in flight serve, so work always waits; the first hour is
+# the estimate's to find K, the figures are taken over the hours after it
+SUSTAINED_HOURS = 4.0
+SUSTAINED_TOKENS = 20_000
+SUSTAINED_OVERLOAD = 1.5
 
 
 @dataclass
@@ -122,6 +128,18 @@ def poisson(rng: np.random.Generator, lane: str, per_hour: float, tokens: float,
     n = int(rng.poisson(per_hour * (until - t0) / 3600.0))
     at = np.sort(rng.uniform(t0, until, n))
     return [Item(f"{lane[:3]}{i:03d}", lane, pool, tokens, float(a)) for i, a in enumerate(at)]
+
+
+def sustained_load(rng: np.random.Generator, pool: str, k: float) -> list[Item]:
+    """Rounds of SUSTAINED_TOKENS arriving for SUSTAINED_HOURS at SUSTAINED_OVERLOAD times the
+    rate K rounds in flight complete (the provider model's rate at n = K)."""
+    from .model import rate
+
+    per_hour = SUSTAINED_OVERLOAD * k * rate(max(1, round(k)), k) / SUSTAINED_TOKENS * 3600.0
+    items = poisson(rng, "reviews", per_hour, SUSTAINED_TOKENS, pool, SUSTAINED_HOURS * 3600.0)
+    for item in items:
+        item.group = "sustained"
+    return items
 
 
 def working_day(rng: np.random.Generator, pool: str) -> list[Item]:

@@ -10,8 +10,9 @@ from typing import Any, Iterable
 from . import scenarios
 
 SCALARS = ("rate_limited", "cut", "stalled", "red_main_start_minutes", "red_main_behind", "tokens_per_s",
-           "sim_minutes")
-PER_KEY = ("drain_minutes", "start_minutes", "peak_in_flight", "minutes_above_k", "peak_over_estimate")
+           "sim_minutes", "rate_limited_per_10min")
+PER_KEY = ("drain_minutes", "start_minutes", "peak_in_flight", "minutes_above_k", "peak_over_estimate", "utilisation",
+           "estimate_within_one")
 #: provider-day (day.DaySim.figures)
 DAY_SCALARS = ("limit_usd", "policy_limit_usd", "over_policy_limit_usd", "spend_total_usd", "overshoot_usd",
                "left_usd", "ledger_usd", "limit_reached_hour",
@@ -138,6 +139,9 @@ def table(doc: dict[str, Any]) -> str:
         if name in scenarios.DAYS:
             lines += day_table(sc, name)
             continue
+        if name == "sustained":
+            lines += sustained_table(sc)
+            continue
         pols = sc["policies"]
         first = next(iter(pols.values()))
         groups = list(first["mean"]["drain_minutes"])
@@ -173,6 +177,32 @@ def table(doc: dict[str, Any]) -> str:
             lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
         lines.append("")
     return "\n".join(lines)
+
+
+def _percent(s: dict[str, Any], name: str, key: str) -> str:
+    """A share (0..1) per key as a percentage cell, mean [min–max]."""
+    if not s["n"][name].get(key):
+        return "—"
+    scaled = {q: {name: {key: s[q][name][key] * 100}} for q in ("mean", "min", "max")}
+    return _cell({**scaled, "n": s["n"], "runs": s["runs"]}, name, key)
+
+
+def sustained_table(sc: dict[str, Any]) -> list[str]:
+    """The sustained load: 429s per 10 minutes, the provider's use, the estimate against K."""
+    pool = next(iter(sc["capacity"]))
+    k = sc["capacity"][pool]
+    header = ["policy", "429s per 10 min", "utilisation %", f"K̂ within one of K={k:g} (% of samples)", "cut",
+              f"peak/K={k:g}", "tok/s"]
+    rows = []
+    for pol, s in sc["policies"].items():
+        rows.append([pol, _cell(s, "rate_limited_per_10min", digits=2), _percent(s, "utilisation", pool),
+                     _percent(s, "estimate_within_one", pool), _cell(s, "cut"), _cell(s, "peak_in_flight", pool),
+                     _cell(s, "tokens_per_s")])
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    out = [f"sustained — {sc['about']}", "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
+           "  ".join("-" * w for w in widths)]
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return out + [""]
 
 
 def _clock(h: float) -> str:

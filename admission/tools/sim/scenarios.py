@@ -14,7 +14,8 @@ from . import load as L
 from .load import Item
 from .policies import EU, PINNED_LANES, ROUTER
 
-NAMES = ("burst", "idle", "isolation", "multipod", "provider-day", "provider-day-fallback")
+# (a new scenario goes last: a run's random stream is seeded by the scenario's place here)
+NAMES = ("burst", "idle", "isolation", "multipod", "provider-day", "provider-day-fallback", "sustained")
 SINGLE = ("step", "seed-and-grow", "oracle")
 DAY_POLICIES = ("with-rules", "without-rules")
 FALLBACK_POLICIES = ("fallback", "no-fallback")
@@ -87,6 +88,14 @@ def multipod(k: float) -> Scenario:
                     build, about=f"the measured load spread over {L.PODS} pods on one pool")
 
 
+def sustained(k: float) -> Scenario:
+    pool = "main@sim"
+    return Scenario("sustained", {pool: k}, 1, SINGLE, lambda rng: L.sustained_load(rng, pool, k),
+                    window_start=3600.0, hours=L.SUSTAINED_HOURS - 1.0,
+                    about=f"{L.SUSTAINED_HOURS:g} h of load at {L.SUSTAINED_OVERLOAD:g}× what K rounds serve; "
+                          "figures after the first hour")
+
+
 def provider_day(k: float) -> Scenario:
     pool = "main@sim"
     return Scenario("provider-day", {pool: k}, 1, DAY_POLICIES, lambda rng: L.working_day(rng, pool),
@@ -110,7 +119,7 @@ def provider_day_fallback(k: float) -> Scenario:
 
 def make(name: str, capacity: float) -> Scenario:
     try:
-        return {"burst": burst, "idle": idle, "isolation": isolation, "multipod": multipod,
+        return {"burst": burst, "idle": idle, "isolation": isolation, "multipod": multipod, "sustained": sustained,
                 "provider-day": provider_day, "provider-day-fallback": provider_day_fallback}[name](capacity)
     except KeyError:
         raise ValueError(f"unknown scenario {name!r}; known: {', '.join(NAMES)}") from None
