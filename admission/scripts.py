@@ -82,6 +82,14 @@ def _target(client: Any, keys: list[str]) -> dict[str, Any]:
     return {}
 
 
+def _not_loaded(exc: redis.exceptions.NoPermissionError) -> redis.ResponseError:
+    """The library is missing (a new or wiped server, an upgrade) and this user may not load it
+    (the pod user): the mesh has no rules yet, as with no policy. The operator's `admission config
+    apply` loads it; until then a release or charge waits in the outbox instead of being lost."""
+    return redis.ResponseError(f"ADM_NO_CONFIG the library {library()[1]} is not loaded on this server and this "
+                               f"user may not load it (run `admission config apply` as the admin): {exc}")
+
+
 def load(client: Any) -> None:
     """FUNCTION LOAD REPLACE the library (on every primary of a cluster)."""
     code = library()[0]
@@ -95,6 +103,21 @@ async def aload(client: Any) -> None:
     await client.function_load(library()[0], replace=True)
 
 
+def _load_missing(client: Any) -> None:
+    """A call found its function missing: load the library, or say the mesh has no rules yet."""
+    try:
+        load(client)
+    except redis.exceptions.NoPermissionError as exc:
+        raise _not_loaded(exc) from None
+
+
+async def _aload_missing(client: Any) -> None:
+    try:
+        await aload(client)
+    except redis.exceptions.NoPermissionError as exc:
+        raise _not_loaded(exc) from None
+
+
 def call(client: Any, command: str, keys: list[str], args: list[Any]) -> Any:
     """FCALL one command; load the library once if the server lacks it."""
     try:
@@ -102,7 +125,7 @@ def call(client: Any, command: str, keys: list[str], args: list[Any]) -> Any:
     except redis.ResponseError as exc:
         if _MISSING not in str(exc):
             raise
-    load(client)
+    _load_missing(client)
     return client.execute_command(*_fcall_args(command, keys, args), **_target(client, keys))
 
 
@@ -112,7 +135,7 @@ async def acall(client: Any, command: str, keys: list[str], args: list[Any]) -> 
     except redis.ResponseError as exc:
         if _MISSING not in str(exc):
             raise
-    await aload(client)
+    await _aload_missing(client)
     return await client.execute_command(*_fcall_args(command, keys, args))
 
 
@@ -149,7 +172,7 @@ def call_confirmed(client: Any, command: str, keys: list[str], args: list[Any], 
         else client
     replies = _fcall_and_wait(node, command, keys, args, replicas, timeout_ms).execute(raise_on_error=False)
     if _missing(replies[0]):
-        load(client)
+        _load_missing(client)
         replies = _fcall_and_wait(node, command, keys, args, replicas, timeout_ms).execute(raise_on_error=False)
     if _moved(replies[0]):
         return call(client, command, keys, args), 0
@@ -161,7 +184,7 @@ async def acall_confirmed(client: Any, command: str, keys: list[str], args: list
     """``call_confirmed`` for redis.asyncio (a single server, or one found through Sentinel)."""
     replies = await _fcall_and_wait(client, command, keys, args, replicas, timeout_ms).execute(raise_on_error=False)
     if _missing(replies[0]):
-        await aload(client)
+        await _aload_missing(client)
         replies = await _fcall_and_wait(client, command, keys, args, replicas,
                                         timeout_ms).execute(raise_on_error=False)
     return _confirm_reply(replies)

@@ -406,7 +406,7 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
 
 def test_acl_a_new_library_is_loaded_by_the_admin_job_not_by_pods(server_url):
     """After an upgrade (a library version the server lacks) a pod is refused FUNCTION LOAD, so
-    the worker's init container (`admission tick` as the pod user) fails until the policy Job
+    the worker's init container (`admission tick` as the pod user) fails (as with no policy) until the policy Job
     (`admission config apply` as admission-admin) has loaded it; then the pod works."""
     root = redis.Redis.from_url(server_url)
     drop_users(root)
@@ -420,7 +420,9 @@ def test_acl_a_new_library_is_loaded_by_the_admin_job_not_by_pods(server_url):
         except redis.ResponseError:
             pass                                                # not loaded yet: the same
         gate = _cli("tick", "--url", pod_url, "--mesh", MESH)
-        assert gate.returncode == 2 and "function|load" in gate.stderr, gate.stderr
+        # refused FUNCTION LOAD: the mesh has no rules yet, as with no policy (exit 4), and says so
+        assert gate.returncode == 4 and "config apply" in gate.stderr, gate.stderr
+        assert any(e.get("object") == "function|load" for e in root.acl_log())
         job = _cli("config", "apply", str(EXAMPLE_POLICY), "--url", user_url(server_url, "admission-admin", ADMIN_PW),
                    "--mesh", MESH, "--no-recovery-hold")
         assert job.returncode == 0 and "version 1" in job.stdout, job.stderr
@@ -496,3 +498,34 @@ def test_acl_on_a_cluster(cluster):
         for n in nodes:
             drop_users(n)
             n.close()
+
+
+def test_a_ledger_record_that_meets_a_lost_library_waits_for_the_admin(server_url, tmp_path):
+    """A wiped server lost the library too, and the pod user may not load it: the pod's charge is
+    "no policy yet" (the record waits in the outbox), not a refusal that drops its cost. Once the
+    admin's job has loaded the library and applied the policy again, the replay books it once."""
+    root = redis.Redis.from_url(server_url)
+    drop_users(root)
+    apply_acl(root, acl_lines())
+    admin = Admission.from_url(user_url(server_url, "admission-admin", ADMIN_PW), mesh=MESH, pod="ops",
+                               background=False)
+    pod = None
+    try:
+        admin.apply_policy(policy(), recovery_hold=False)
+        pod = Admission.from_url(user_url(server_url, "admission", POD_PW), mesh=MESH, pod="p", background=False,
+                                 outbox=str(tmp_path / "p.outbox"))
+        d = pod.try_admit(lane="a", model="m@p", round_id="w1", draw=0.0)
+        assert d.admitted
+        root.function_flush()  # the wipe: the library is gone with the data
+        root.flushall()
+        charged = pod.charge(d.seat, cost_usd=0.25, key="step")
+        assert charged.queued and pod.flush() == 1
+        admin.apply_policy(policy(), recovery_hold=False)  # the admin's job loads the library again
+        assert pod.flush() == 0
+        assert pod.ledger(time.strftime("%Y-%m-%d", time.gmtime()))["*"]["p"] == pytest.approx(0.25)
+    finally:
+        if pod is not None:
+            pod.close()
+        admin.close()
+        drop_users(root)
+        root.close()

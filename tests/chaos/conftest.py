@@ -49,8 +49,9 @@ def make_server():
                 continue
             with s.client() as c:
                 # the pods ran as the pod user: the rules never met a refusal (failed logins while
-                # a restarted server had no users yet are not the rules')
-                refused = [e for e in c.acl_log() if e.get("reason") != "auth"]
+                # a restarted server had no users yet are not the rules', nor a pod's try to load
+                # the library a wiped server lost: refused by design, the operator loads it)
+                refused = [e for e in c.acl_log() if e.get("reason") != "auth" and e.get("object") != "function|load"]
                 assert not refused, f"the pod user met refusals: {refused[:3]}"
     finally:
         for s in started:
