@@ -530,6 +530,10 @@ MUTATIONS += [
      "test_confirm_replicas.py", "changes_nothing", "valkey"),
     ("a replayed charge writes its key back", "include/outcome.lua", "then rewrite(k) return false end",
      "then return false end", "test_confirm_replicas.py", "changes_nothing", "valkey"),
+    ("a library the user may not load is no policy yet", "admission/scripts.py",
+     "        load(client)\n    except redis.exceptions.NoPermissionError as exc:\n        raise _not_loaded(exc) from None",
+     "        load(client)\n    except redis.exceptions.NoPermissionError:\n        raise", "test_deploy.py",
+     "lost_library", "redis"),
 ]
 
 def _mutant(tmp: Path, file: str, find: str, replace: str) -> Path:
