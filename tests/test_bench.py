@@ -64,8 +64,7 @@ def test_the_floor_function_leaves_the_mesh_untouched():
         adm.apply_policy(bench.bench_policy(7, 100), recovery_hold=False)
         before = {k: c.type(k) for k in c.keys("*")}
         c.function_load(bench.FLOOR_LIBRARY, replace=True)
-        reply = c.fcall("adm_bench_floor", 1, adm.core.config_key, "f-1", bench.MEASURED_LANE, bench.POOL, "bench",
-                        *bench.lane_fields(7))
+        reply = bench.floor(c, adm.core.config_key, "f-1", bench.lane_fields(7))
         assert reply[0] == 1 and reply[1] == b"within-floor"
         after = {k: c.type(k) for k in c.keys("*") if b":floor:" not in k}
         assert after == before

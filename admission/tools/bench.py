@@ -230,6 +230,11 @@ def lane_fields(lanes: int) -> list[str]:
     return [f for name in lanes_table(lanes) for f in (name, f"{name}|w", f"{name}|d")]
 
 
+def floor(client: redis.Redis, mesh_config_key: str, rid: str, fields: list[str]) -> Any:
+    """One call of the floor function (FLOOR_LIBRARY, loaded once per run) for round ``rid``."""
+    return client.fcall("adm_bench_floor", 1, mesh_config_key, rid, MEASURED_LANE, POOL, "bench", *fields)
+
+
 # --------------------------------------------------------------------------------------------
 # Building a case
 
@@ -322,8 +327,6 @@ def measure(setup: redis.Redis, adm: Admission, case: Case, queue: Queue, iterat
     release_ns: list[int] = []
     ping_ns: list[int] = []
     floor_ns: list[int] = []
-    setup.function_load(FLOOR_LIBRARY, replace=True)
-    floor_args = [adm.core.config_key]
     fields = lane_fields(case.lanes)
     reasons: dict[str, int] = {}
     step = max(1, min(250, iterations // 20))
@@ -342,7 +345,7 @@ def measure(setup: redis.Redis, adm: Admission, case: Case, queue: Queue, iterat
         t2 = perf()
         client.ping()
         t3 = perf()
-        client.fcall("adm_bench_floor", 1, *floor_args, f"f-{i}", MEASURED_LANE, POOL, "bench", *fields)
+        floor(client, adm.core.config_key, f"f-{i}", fields)
         t4 = perf()
         if keep:
             admit_ns.append(t1 - t0)
@@ -421,7 +424,7 @@ def server_blocks(setup: redis.Redis, adm: Admission, case: Case, queue: Queue, 
     case.server_calls += c
     setup.config_resetstat()
     for i in range(n):
-        setup.fcall("adm_bench_floor", 1, adm.core.config_key, f"fb-{i}", MEASURED_LANE, POOL, "bench", *fields)
+        floor(setup, adm.core.config_key, f"fb-{i}", fields)
     c, u = _fcall_stats(setup)
     case.server_floor_usec = u / max(1, c)
 
@@ -478,6 +481,7 @@ def run(engine: str, lanes: Sequence[int], seats: Sequence[int], waiters: Sequen
         try:
             baseline = empty_script_usec(setup)
             scripts.load(setup)  # functions survive FLUSHALL
+            setup.function_load(FLOOR_LIBRARY, replace=True)
             # one fill of seats per (lanes, seats); its waiter cases run on it, fewest first
             for (n_lanes, n_seats), cases in itertools.groupby(grid, key=lambda c: (c.lanes, c.seats)):
                 bar.set_postfix_str(f"lanes={n_lanes} seats={n_seats} setup")

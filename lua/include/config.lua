@@ -49,9 +49,9 @@ local function load_config(pool)
     for _, l in ipairs(c.lanes) do
       c.lane[l.name] = l
       if l.weight > c.max_weight then c.max_weight = l.weight end
-      c.lane_fields[#c.lane_fields + 1] = l.name
-      c.lane_fields[#c.lane_fields + 1] = l.name .. '|w'
-      for _, f in ipairs({l.name, l.name .. '|w', l.name .. '|d'}) do c.lane_fields_d[#c.lane_fields_d + 1] = f end
+      local running, waiting, m, n = l.name, l.name .. '|w', #c.lane_fields, #c.lane_fields_d
+      c.lane_fields[m + 1], c.lane_fields[m + 2] = running, waiting
+      c.lane_fields_d[n + 1], c.lane_fields_d[n + 2], c.lane_fields_d[n + 3] = running, waiting, l.name .. '|d'
     end
     CONFIG_CACHE[KEYS[1]] = c
   end
