@@ -5,7 +5,8 @@
 Settings (JSON): url | sentinels [[host, port], ...] + master | cluster_nodes [[host, port], ...],
 mesh, pod, lanes, pools, threads, seed, journal (a file), outbox (a file, optional), provider (the
 fake provider's base URL, optional), work_s [lo, hi] (each round's own work after the provider
-call), round_timeout, clock_skew (seconds added to this process's wall clock: a pod whose clock is
+call; long_s [lo, hi]: thread 0's instead, so a test can time a fault inside a long round),
+round_timeout, clock_skew (seconds added to this process's wall clock: a pod whose clock is
 off), username/password (the ACL pod user), confirm_replicas (WAIT for that many replicas after
 each release and charge).
 
@@ -128,6 +129,7 @@ def main() -> int:
 
     def worker(n: int) -> None:
         rng = random.Random(cfg.get("seed", 1) * 1000 + n)
+        work = cfg["long_s"] if n == 0 and cfg.get("long_s") else (lo, hi)
         conn: list = []
         k = 0
         while not stop.is_set():
@@ -147,7 +149,7 @@ def main() -> int:
                         call_provider(conn, cfg["provider"], r.pool)
                     journal("charge", id=rid, usd=step_usd)
                     r.charge(step_usd, key="step")
-                    time.sleep(rng.uniform(lo, hi))
+                    time.sleep(rng.uniform(*work))
                     r.cost_usd = cost_usd
                     journal("cost", id=rid, usd=cost_usd)
                 journal("released", id=rid)

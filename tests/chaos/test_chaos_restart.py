@@ -37,11 +37,17 @@ def test_a_redis_restart_heals_without_over_admission_and_the_ledger_keeps_what_
     policy = chaos_policy(LEASE)
     admin(admin_client(server.url), mesh).apply_policy(policy, recovery_hold=False)
     run_s = 20 if soak() else 1.0
-    # rounds long enough (0.2-0.8 s) that a wipe finds some running: their heartbeats re-assert them
-    fleet = Fleet(tmp_path, mesh, pods=3, where={"url": server.url}, provider=provider.url, work_s=(0.2, 0.8))
+    # each pod's thread 0 runs long rounds (4-5 s): a wipe timed just inside one finds it running past the
+    # restart and the policy's re-apply, so a heartbeat must re-assert it
+    fleet = Fleet(tmp_path, mesh, pods=3, where={"url": server.url}, provider=provider.url, work_s=(0.2, 0.8),
+                  extra=lambda i: {"long_s": [4.0, 5.0]} if wiped else {})
     with fleet, Checker(lambda: root_client(server.url), mesh) as checker:
         wait_until(lambda: sum(e["ev"] == "released" for e in fleet.events()) >= 5, 30, what="rounds flowing")
         time.sleep(run_s)
+        if wiped:
+            since = time.time()
+            wait_until(lambda: [e for e in fleet.events() if e["ev"] == "charge" and e["t"] > since
+                                and e["id"].split(".")[2] == "0"], 15, what="a long round under way")
         before = ledger_micro(root_client(server.url), mesh)
         os.kill(server.pid, sig)
         down = time.time()
