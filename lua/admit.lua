@@ -240,7 +240,7 @@ return run(function()
       redis.call('HDEL', key('pool', pool), 'pinnedSince') -- served, or the pool serves and none is pinned
     elseif pinned_since then redis.call('HSET', key('pool', asked), 'pinnedSince', pinned_since) end
     p.seq = redis.call('HINCRBY', key('pool', pool), 'seq', 1)
-    add_seat(cfg, pool, lane, id, {pod = pod, agent = agent, at = now, seq = p.seq, parent = parent,
+    add_seat(cfg, pool, lane, id, {pod = pod, agent = agent, at = now, seq = p.seq, load = p.running + 1, parent = parent,
       rev = rev and fmt(rev) or '', probe = probe and '1' or '', delegated = delegated and parent or '',
       movedFrom = (moved and borrow == '') and asked or '', borrowedFor = borrow ~= '' and asked or ''},
       now + T.lease_ttl)

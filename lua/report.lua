@@ -40,7 +40,7 @@ return run(function()
     if what == 'rate_limited' then pause(cfg, p, now, retry_after) end
     return {STATUS.ALREADY_REPORTED, s.pool, 0, fmt(p.est)}
   end
-  local decreased = signal(cfg, p, now, what, seq, false, retry_after)
+  local decreased = signal(cfg, p, now, what, seq, tonumber(s.load), false, retry_after)
   if LOAD[what] then redis.call('HSET', key('seat', id), 'signalled', what) end
   return {STATUS.REPORTED, s.pool, decreased and 1 or 0, fmt(p.est)}
 end)

@@ -20,7 +20,7 @@ def test_async_admit_release_census_plan(async_client_factory):
         d2 = await a.try_admit(lane="x", model=POOL, round_id="r2", now=T0, draw=0.0)
         d3 = await a.try_admit(lane="x", model=POOL, round_id="r3", now=T0, draw=0.0)
         assert (d1.reason, d2.reason, d3.reason) == ("borrowed", "borrowed", "full")
-        rel = await a.release(d1.seat, outcome="rate_limited", seconds=1, now=T0 + 1)
+        rel = await a.release(d1.seat, outcome="stall", seconds=1, now=T0 + 1)
         assert rel.status == Status.RELEASED and rel.decreased
         census = await a.census(now=T0 + 1)
         assert census["pools"][0]["carryingCapacity"] == 2

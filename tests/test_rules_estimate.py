@@ -13,13 +13,14 @@ def est(client) -> float:
 
 
 def measured(client, n: int, **tunables):
-    """A pool measured exhausted at n running: K = n, K̂ = 0.7·n; one seat released, n-1 held."""
-    a = adm(client, pol=policy({"a": {"floor": 0, "weight": 1, "priority": 1}}, seed_estimate=n, **tunables))
+    """A pool measured exhausted at n: the round admitted as the (n+1)th got a 429, so K = n and
+    K̂ = 0.7·n; the n rounds before it are held."""
+    a = adm(client, pol=policy({"a": {"floor": 0, "weight": 1, "priority": 1}}, seed_estimate=n + 1, **tunables))
     r = Rounds(a)
-    seats = r.fill("a", n)
-    out = a.release(seats[0], outcome="rate_limited", seconds=1, now=T0 + 1)
+    seats = r.fill("a", n + 1)
+    out = a.release(seats[-1], outcome="rate_limited", seconds=1, now=T0 + 1)
     assert out.decreased
-    return a, r, seats[1:]
+    return a, r, seats[:-1]
 
 
 def test_seed_estimate_of_a_pool_never_measured(redis_client):
@@ -98,22 +99,73 @@ def test_growth_waits_for_its_evidence_half_the_mean_round_time(redis_client):
     assert POOL in a.tick(now=T0 + 1 + 50).grew
 
 
-def test_upward_probing_grows_K_by_one_after_probe_after_steps_at_K(redis_client):
-    a, r, held = measured(redis_client, 4, probe_after=3, growth_rate=2)   # K = 4, K̂ = 2.8
-    now, caps, waiter = T0 + 10, [], 0
-    for _ in range(6):
+def steps_at_capacity(a, r, held, now, steps):
+    """Growth steps with evidence and demand: each releases one held round clean, refills the
+    pool (one waiter left over) and ticks 16 s later. Returns K after each step, and the clock."""
+    caps = []
+    for _ in range(steps):
         a.release(held.pop(0), outcome="clean", seconds=1, now=now)     # the evidence
         while True:                                                     # refill; one waiter left: demand
-            d = r.ask("a", round_id=f"w{waiter}", wait=True, now=now)
+            d = r.ask("a", round_id=f"w{r.n}", wait=True, now=now)     # the same waiter until admitted
             if not d.admitted:
                 break
+            r.n += 1
             held.append(d.seat)
-            waiter += 1
         now += 16
         a.tick(now=now)
-        caps.append(float(pool_state(redis_client)["cap"]))
+        caps.append(float(pool_state(a.redis)["cap"]))
+    return caps, now
+
+
+def test_upward_probing_grows_K_by_one_after_probe_after_steps_at_K(redis_client):
+    a, r, held = measured(redis_client, 4, probe_after=3, growth_rate=2)   # K = 4, K̂ = 2.8
+    caps, _ = steps_at_capacity(a, r, held, T0 + 10, 6)
     # step 1 brings K̂ to K; the next three steps at K grow K by one (probe_after = 3)
     assert caps == [4, 4, 4, 5, 5, 5]
+
+
+def test_a_refused_probe_returns_to_the_K_it_probed_from(redis_client):
+    a, r, held = measured(redis_client, 4, probe_after=3, growth_rate=2)
+    caps, now = steps_at_capacity(a, r, held, T0 + 10, 5)
+    assert caps[-1] == 5 and est(redis_client) == 5                      # probing K = 5
+    out = a.release(held[-1], outcome="rate_limited", seconds=1, now=now)  # admitted at load 5
+    s = pool_state(redis_client)
+    assert out.decreased and float(s["cap"]) == 4 and float(s["est"]) == 4   # not 0.7 x 4
+    assert s["probeFails"] == "1"
+
+
+def test_a_refused_probe_doubles_the_wait_before_the_next_probe(redis_client):
+    a, r, held = measured(redis_client, 4, probe_after=3, growth_rate=2)
+    caps, now = steps_at_capacity(a, r, held, T0 + 10, 5)
+    a.release(held.pop(), outcome="rate_limited", seconds=1, now=now)   # the probe of 5 refused
+    caps, now = steps_at_capacity(a, r, held, now + 1, 7)
+    assert caps == [4, 4, 4, 4, 4, 5, 5]                                # 2 x 3 steps at K, then 5
+    # the probe of 5 holds its whole wait (still 2 x 3 steps): K = 6 and the back-off ends, so
+    # the probe after it comes 3 steps later
+    caps, _ = steps_at_capacity(a, r, held, now, 10)
+    assert caps == [5, 5, 5, 5, 6, 6, 6, 7, 7, 7] and pool_state(redis_client)["probeFails"] == "0"
+
+
+def test_a_429_measures_K_at_the_load_before_the_refused_round(redis_client):
+    a = adm(redis_client, pol=policy({"a": {"floor": 0, "weight": 1, "priority": 1}}, seed_estimate=6))
+    seats = Rounds(a).fill("a", 6)
+    a.release(seats[3], outcome="rate_limited", seconds=1, now=T0 + 1)  # admitted 4th, 6 running now
+    s = pool_state(redis_client)
+    assert float(s["cap"]) == 3 and float(s["est"]) == pytest.approx(2.1)
+
+
+def test_a_429_a_little_below_K_refines_K_and_the_estimate_to_it(redis_client):
+    a, r, held = measured(redis_client, 4, growth_rate=2)               # K = 4, K̂ = 2.8
+    steps_at_capacity(a, r, held, T0 + 10, 1)
+    assert est(redis_client) == 4
+    load4 = next(s for s in held if s.id == "r4")                        # admitted at load 4
+    out = a.release(load4, outcome="rate_limited", seconds=1, now=T0 + 40)
+    s = pool_state(redis_client)
+    assert out.decreased and float(s["cap"]) == 3 and float(s["est"]) == 3   # 3 >= 0.7 x 4: not 2.1
+    # far below K (n = 1 < 0.7 x 3), in the same burst: once per burst holds
+    load2 = next(s for s in held if s.id == "r2")
+    assert not a.release(load2, outcome="rate_limited", seconds=1, now=T0 + 41).decreased
+    assert float(pool_state(redis_client)["cap"]) == 3
 
 
 def test_decrease_on_a_load_signal(redis_client):
@@ -133,7 +185,7 @@ def test_decrease_never_below_one(redis_client):
 
 def test_once_per_burst_a_round_admitted_before_the_decrease_does_not_decrease_again(redis_client):
     a, r, seats = measured(redis_client, 10)
-    out = a.release(seats[0], outcome="rate_limited", seconds=1, now=T0 + 2)
+    out = a.release(seats[0], outcome="stall", seconds=1, now=T0 + 2)
     assert not out.decreased and est(redis_client) == pytest.approx(7.0)
     # a round admitted after the decrease does decrease again
     for s in seats[1:4]:

@@ -14,9 +14,10 @@ THREE = {"hi": {"floor": 0.25, "weight": 1, "priority": 3},
 
 
 def make_measured(a, r, n, lane="a"):
-    """Measure the pool exhausted at n (K̂ = 0.7 n) with one lane, then free it."""
+    """Measure the pool exhausted at n (K̂ = 0.7 n) with one lane, then free it: a stall with n
+    running (a 429 would measure the load its round was admitted at)."""
     seats = r.fill(lane, n)
-    a.release(seats[0], outcome="rate_limited", seconds=1, now=r.now)
+    a.release(seats[0], outcome="stall", seconds=1, now=r.now)
     for s in seats[1:]:
         a.release(s, outcome="clean", seconds=1, now=r.now)
 
@@ -95,7 +96,7 @@ def measured_ten(redis_client, lanes=None):
     a = adm(redis_client, pol=policy({**lanes, "m": {"floor": 0, "weight": 1, "priority": 0}}, seed_estimate=15))
     r = Rounds(a)
     seats = r.fill("m", 15)
-    a.release(seats[0], outcome="rate_limited", seconds=1, now=T0)
+    a.release(seats[0], outcome="stall", seconds=1, now=T0)
     for s in seats[1:]:
         a.release(s, outcome="clean", seconds=1, now=T0)
     assert pool_row(a.census(now=T0))["slots"] == 10

@@ -308,7 +308,11 @@ def test_provider_day_without_the_rules_every_lane_stops_at_once_in_a_storm(shor
     # ... but every lane stops at once, on the 403, when the key's count reaches the limit
     reached = f["limit_reached_hour"]
     assert all(why == "403" for why in f["stopped_by"].values())
-    assert all(reached <= h < reached + 5 / 60 for h in f["stopped_hour"].values()), f["stopped_hour"]
+    # the lanes with rounds always in flight (the backlog, triage, the babysitter) meet it within
+    # minutes; express and reviews arrive at random (Poisson) and meet it at their next ask
+    stop = f["stopped_hour"]
+    assert all(reached <= stop[lane] < reached + 5 / 60 for lane in ("bugfix", "triage", "babysitter")), (reached, stop)
+    assert all(reached <= h < reached + 0.5 for h in stop.values()), (reached, stop)
     # and from then on every round of every lane ends within a second on the 403: the storm
     assert f["closures"] == f["probes"] == 0
     assert f["storm_rounds"] >= 100 and f["storm_hours"] > 1.0

@@ -84,8 +84,8 @@ local function pause(cfg, p, now, retry_after)
 end
 
 -- A load signal from the seat with admission sequence `seq`; true when the estimate decreased.
-local function load_signal(T, p, now, why, seq)
-  local decreased = decrease(T, p, now, why, seq)
+local function load_signal(T, p, now, why, seq, load)
+  local decreased = decrease(T, p, now, why, seq, load)
   if decreased then
     save_pool(p, DECREASE_FIELDS)
     event('exhausted', 'pool', p.name, 'why', why, 'running', p.running, 'est', fmt(p.est))
@@ -98,10 +98,10 @@ end
 -- load or closing signal counts signal|<pool>|<signal> in `totals` (events.lua), whether or not
 -- it decreased the estimate (clean and error are not signals), once: `reported` = the round
 -- reported this load signal mid-round already.
-local function signal(cfg, p, now, what, seq, reported, retry_after)
+local function signal(cfg, p, now, what, seq, load, reported, retry_after)
   if (LOAD[what] or CLOSING[what]) and not reported then count('signal', p.name, what) end
   if what == 'rate_limited' then pause(cfg, p, now, retry_after) end
-  if LOAD[what] then return load_signal(cfg.T, p, now, what, seq) end
+  if LOAD[what] then return load_signal(cfg.T, p, now, what, seq, load) end
   if CLOSING[what] then close_provider(cfg, provider_of(p.name), now, what) end
   return false
 end
@@ -111,7 +111,8 @@ end
 -- seat's seq, so once-per-burst holds it. A probe that ends clean reopens its provider.
 -- Returns true when the estimate decreased.
 local function apply_outcome(cfg, p, s, id, now, outcome, seconds, cost_micro, at, retry_after)
-  local decreased = signal(cfg, p, now, outcome, tonumber(s.seq), s.signalled == outcome, retry_after)
+  local decreased = signal(cfg, p, now, outcome, tonumber(s.seq), tonumber(s.load), s.signalled == outcome,
+    retry_after)
   if outcome == 'clean' then
     p.meanSec = ewma(p.meanSec, p.succ, seconds)
     p.clean = p.clean + 1

@@ -3,9 +3,10 @@
 --   seq (admission sequence), holdSeq (seq at the last decrease), lastGrow, clean (clean rounds
 --   since the last growth step), atCap (growth steps at K without a load signal), lastDemand,
 --   succ, fail, meanSec, meanCost (micro-USD), running, waiting; moved (running here after a
---   move), movedIn and movedOut (moves ever, to and from this pool).
+--   move), movedIn and movedOut (moves ever, to and from this pool); probeFrom (K before the
+--   upward probe in progress, 0 = none), probeFails (probes refused in a row: the back-off).
 local POOL_NUM = {'est', 'cap', 'slow', 'exhausted', 'exhaustedAt', 'seq', 'holdSeq', 'lastGrow',
-  'clean', 'atCap', 'lastDemand', 'succ', 'fail', 'meanSec', 'meanCost', 'running', 'waiting', 'priced', 'moved', 'movedIn', 'movedOut', 'pausedUntil'}
+  'clean', 'atCap', 'probeFrom', 'probeFails', 'lastDemand', 'succ', 'fail', 'meanSec', 'meanCost', 'running', 'waiting', 'priced', 'moved', 'movedIn', 'movedOut', 'pausedUntil'}
 
 local function load_pool(T, pool)
   local raw = redis.call('HGETALL', key('pool', pool))
@@ -47,7 +48,9 @@ end
 
 -- One growth step if due; true when the estimate (or K) changed. Idempotent per interval: every
 -- pod's tick may call it, only the first one after the interval takes effect.
-local GROW_FIELDS = {'est', 'cap', 'lastGrow', 'clean', 'atCap', 'slow'}
+local GROW_FIELDS = {'est', 'cap', 'lastGrow', 'clean', 'atCap', 'slow', 'probeFrom', 'probeFails'}
+-- a refused probe doubles the wait before the next one, up to 2^PROBE_BACKOFF_MAX times
+local PROBE_BACKOFF_MAX = 3
 local function grow(T, p, now)
   -- a clock that stepped back (a failover, a caller's clock) never freezes growth
   local since = now - p.lastGrow
@@ -64,7 +67,10 @@ local function grow(T, p, now)
       -- at K: upward probing grows K by one after probe_after steps without a load signal
       p.est = math.min(T.max_estimate, math.max(p.est, p.cap))
       p.atCap = p.atCap + 1
-      if p.atCap >= T.probe_after then
+      if p.atCap >= T.probe_after * 2 ^ math.min(p.probeFails, PROBE_BACKOFF_MAX) then
+        -- the last probe held a whole wait without a refusal: its level is K now, no back-off
+        if p.probeFrom > 0 then p.probeFails = 0 end
+        p.probeFrom = p.cap
         p.cap = math.min(T.max_estimate, p.cap + 1)
         p.atCap = 0
         local step = math.max(T.growth_rate * p.est * (1 - p.est / p.cap), 0.25)
@@ -77,15 +83,39 @@ local function grow(T, p, now)
   return true
 end
 
--- A load signal at n rounds running: K = n, K̂ = max(1, factor·n), slow start ends. Once per
--- burst: a round admitted before the last decrease (its seq <= holdSeq) does not decrease again.
+-- A load signal measures the load n the provider refused: for a 429, the rounds that ran when the
+-- refused one was admitted (its `load` - 1: the refused round is the one too many); for a stall or
+-- a cut, the rounds running now. Then, in order:
+--   * a refused upward probe (a 429 at or above the K it probed from) is the probe's own
+--     overshoot: K and K̂ go back to that K, and the next probe waits twice as long;
+--   * a 429 a little below K (n in [factor·K, K)) refines K: K was measured high (one refusal only
+--     bounds it), so K comes down to n and K̂ at most to it, in any burst;
+--   * once per burst: a round admitted before the last decrease (its seq <= holdSeq) does not
+--     decrease again;
+--   * otherwise K = n, K̂ = max(1, factor·n), slow start ends.
 local DECREASE_FIELDS = {'est', 'cap', 'slow', 'exhausted', 'exhaustedAt', 'why', 'holdSeq',
-  'lastGrow', 'clean', 'atCap'}
-local function decrease(T, p, now, why, seat_seq)
-  if seat_seq <= p.holdSeq then return false end
-  local n = math.max(1, p.running)
-  p.cap = n
-  p.est = math.max(1, T.decrease_factor * n)
+  'lastGrow', 'clean', 'atCap', 'probeFrom', 'probeFails'}
+local function decrease(T, p, now, why, seat_seq, load)
+  local refused = why == 'rate_limited' and load ~= nil
+  local n = math.max(1, refused and load - 1 or p.running)
+  local measured = refused and p.exhausted == 1
+  if measured and p.probeFrom > 0 and n >= p.probeFrom then -- a refused probe: back to where it began
+    p.cap = p.probeFrom
+    p.est = math.min(p.est, p.probeFrom)
+    p.probeFails = p.probeFails + 1
+  elseif measured and n < p.cap and n >= T.decrease_factor * p.cap then
+    p.cap = n
+    p.est = math.min(p.est, n)
+    p.probeFrom = 0
+    return true
+  elseif seat_seq <= p.holdSeq then
+    return false
+  else
+    p.cap = n
+    p.est = math.max(1, T.decrease_factor * n)
+    p.probeFails = 0
+  end
+  p.probeFrom = 0
   p.slow = 0
   p.exhausted = 1
   p.exhaustedAt = now

@@ -2,7 +2,8 @@
 --   seats            sorted set: seat id -> lease expiry
 --   seat:<id>        hash: lane, pool, pod, agent, at, seq, parent, rev, delegated (delegatedBy: the
 --                    parent's id), movedFrom (the pool it asked for, when it runs on an
---                    alternative), borrowedFor (the primary a borrow runs for), signalled, probe
+--                    alternative), borrowedFor (the primary a borrow runs for), signalled, probe,
+--                    load (rounds running on the pool when admitted, itself included)
 --   tickets          sorted set: ticket id -> lease expiry
 --   ticket:<id>      hash: lane, pool, pod, agent, since
 --   wait:<p>:<lane>  sorted set: ticket id -> enqueue time (oldest first)
@@ -18,7 +19,7 @@ local GONE_TTL = 86400
 local function add_seat(cfg, pool, lane, id, s, lease_until)
   redis.call('HSET', key('seat', id), 'lane', lane, 'pool', pool, 'pod', s.pod, 'agent', s.agent or '',
     'at', fmt(s.at), 'seq', s.seq, 'parent', s.parent or '', 'rev', s.rev or '',
-    'delegated', s.delegated or '', 'movedFrom', s.movedFrom or '', 'borrowedFor', s.borrowedFor or '', 'signalled', s.signalled or '', 'probe', s.probe or '')
+    'delegated', s.delegated or '', 'movedFrom', s.movedFrom or '', 'borrowedFor', s.borrowedFor or '', 'signalled', s.signalled or '', 'probe', s.probe or '', 'load', s.load or '')
   redis.call('ZADD', key('seats'), lease_until, id)
   redis.call('HINCRBY', key('lanes', pool), lane, 1)
   if s.delegated and s.delegated ~= '' then redis.call('HINCRBY', key('lanes', pool), lane .. '|d', 1) end
