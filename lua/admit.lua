@@ -254,6 +254,8 @@ return run(function()
     end
     redis.call('DEL', key('gone', id))
     p.running = p.running + 1
+    -- an upward probe counts the rounds that test its level (pool.lua: grow)
+    if p.probeFrom > 0 and p.running > p.probeFrom then redis.call('HINCRBY', key('pool', pool), 'probeRuns', 1) end
     -- more waiters and a slot still free: wake them now (every pod), not at the next clock
     local own = ticket and ticket.pool == pool and ticket.lane == lane
     if p.waiting - (own and 1 or 0) > 0 and p.running < slots(p) then wake(pool) end

@@ -129,3 +129,19 @@ def test_every_option_is_documented(build):
     text = p.format_help()
     for a in options:
         assert a.option_strings[-1] in text
+
+
+def test_the_summary_judges_the_estimate_after_the_first_minute():
+    # K̂: 2 from the start, 16 at 30 s, 12 at 70 s, 14 at 100 s, 12 at 110 s; the run ends at 160 s
+    history = [(30.0, "grew", 16.0, 0.0), (70.0, "exhausted", 12.0, 12.0), (100.0, "grew", 14.0, 13.0),
+               (110.0, "exhausted", 12.0, 12.0)]
+    s = demo.settling(history, 2.0, 12, 160.0)
+    # from 60 s: 16 until 70 (out), 12 until 100 (in), 14 until 110 (out), 12 until 160 (in)
+    assert s == {"within_one": pytest.approx(80 / 100), "min": 12.0, "max": 16.0}
+    assert demo.settling(history, 2.0, 12, 50.0) is None                  # a run shorter than a minute
+
+
+def test_the_summary_counts_429s_per_minute_after_the_first_minute():
+    readings = [(1000.0, 0), (1030.0, 5), (1060.0, 9), (1090.0, 10), (1180.0, 13)]
+    assert demo.refusals_per_minute(readings) == pytest.approx((13 - 9) / 2.0)
+    assert demo.refusals_per_minute(readings[:3]) is None

@@ -128,7 +128,8 @@ def test_growth_and_decrease_are_events(redis_client):
     assert grew == [{"kind": "grew", "pool": POOL, "est": "4", "cap": "0"}]
     a.release(seats[0], outcome="rate_limited", seconds=1, now=T0 + 11)
     exhausted = [e for e in stream(redis_client) if e["kind"] == "exhausted"]
-    assert [(e["pool"], e["why"], e["running"]) for e in exhausted] == [(POOL, "rate_limited", "2")]
+    # seats[0] was admitted first (load 1): its 429 measures K = 1; 2 rounds ran when it came
+    assert [(e["pool"], e["why"], e["running"], e["cap"]) for e in exhausted] == [(POOL, "rate_limited", "2", "1")]
     a.release(seats[1], outcome="clean", seconds=1, now=T0 + 11)
 
 

@@ -140,10 +140,19 @@ def test_a_refused_probe_doubles_the_wait_before_the_next_probe(redis_client):
     a.release(held.pop(), outcome="rate_limited", seconds=1, now=now)   # the probe of 5 refused
     caps, now = steps_at_capacity(a, r, held, now + 1, 7)
     assert caps == [4, 4, 4, 4, 4, 5, 5]                                # 2 x 3 steps at K, then 5
-    # the probe of 5 holds its whole wait (still 2 x 3 steps): K = 6 and the back-off ends, so
-    # the probe after it comes 3 steps later
+    # the probe of 5 holds its whole wait (still 2 x 3 steps, and 4 rounds ran at load 5): K = 6 and
+    # the back-off ends; the probe after it waits 3 steps, and for 5 rounds at load 6 (one a step)
     caps, _ = steps_at_capacity(a, r, held, now, 10)
-    assert caps == [5, 5, 5, 5, 6, 6, 6, 7, 7, 7] and pool_state(redis_client)["probeFails"] == "0"
+    assert caps == [5, 5, 5, 5, 6, 6, 6, 6, 6, 7] and pool_state(redis_client)["probeFails"] == "0"
+
+
+def test_a_probe_holds_only_once_as_many_rounds_as_K_ran_at_its_level(redis_client):
+    # probe_after = 1: the wait in steps is one, so the rounds at the probed level set the pace;
+    # each step admits one round at the new level, and K = 4 wants 4 of them before probing 6
+    a, r, held = measured(redis_client, 4, probe_after=1, growth_rate=2)
+    caps, _ = steps_at_capacity(a, r, held, T0 + 10, 10)
+    assert caps == [4, 5, 5, 5, 5, 6, 6, 6, 6, 6]
+    assert pool_state(redis_client)["probeRuns"] == "4"                  # 4 of the 5 the probe of 6 wants
 
 
 def test_a_429_measures_K_at_the_load_before_the_refused_round(redis_client):

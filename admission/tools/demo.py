@@ -23,8 +23,9 @@ The parent redraws the screen every second: the admission's census (K̂, K, slot
 waiting per lane, rounds done per lane) beside the provider's own view (in flight now against its
 hidden capacity, the peak, 429s so far and in the last minute, completions). You see the estimate
 K̂ grow in slow start (2 → 4 → 8 → 16), meet the hidden limit (429s), drop to ~0.7·n and settle near
-the capacity. After ``--seconds`` (60) it prints a summary of both views and stops every process
-and thread it started (pods, provider, server).
+the capacity. After ``--seconds`` (150) it prints a summary of both views -- with, after the first
+minute, the share of the time K̂ held within one of the hidden capacity and the 429s per minute --
+and stops every process and thread it started (pods, provider, server).
 
 Also here, for the CLI and docker-compose:
 
@@ -76,7 +77,7 @@ MESH = "demo"
 PROVIDER = "demo"
 MODEL = "sonnet"  # the model name the provider serves; the admission's pool is MODEL@PROVIDER
 POOL = f"{MODEL}@{PROVIDER}"
-DEFAULT_SECONDS = 60.0
+DEFAULT_SECONDS = 150.0  # the first minute finds the capacity; the rest shows it held
 DEFAULT_PODS = 4
 DEFAULT_CAPACITY = 12
 #: Simulated seconds per real second: with ROUND_TOKENS a round takes 0.4-1.2 s alone and about
@@ -207,6 +208,7 @@ class ProviderView:
     def __init__(self, fetch: Callable[[], Mapping[str, Any]], url: str = ""):
         self.fetch, self.url = fetch, url
         self.inflight: list[int] = []
+        self.refusals: list[tuple[float, int]] = []  # (monotonic time, 429s and 529s so far), every reading
         self._refusals: collections.deque[tuple[float, int]] = collections.deque()
         self.last: dict[str, Any] | None = None
 
@@ -224,6 +226,7 @@ class ProviderView:
         total = stats.get("total", {})
         now, refused = time.monotonic(), int(total.get("429", 0)) + int(total.get("529", 0))
         self._refusals.append((now, refused))
+        self.refusals.append((now, refused))
         while now - self._refusals[0][0] > 60.0:
             self._refusals.popleft()
         self.inflight.append(int(total.get("in_flight", 0)))
@@ -484,10 +487,13 @@ class EventTail:
     _est: dict[str, float] = field(default_factory=dict)
     _cap: dict[str, float] = field(default_factory=dict)
     _refused: dict[str, int] = field(default_factory=dict)  # totals' refused|<pool>|<lane>|<reason> last read
+    seed: float = 0.0  # K̂ of the first pool when primed (where the history starts)
 
     def prime(self, census: Mapping[str, Any]) -> None:
         """Start each pool's K̂ / K from a census, so the first step reads 'K̂ 2 → 4'."""
-        for p in census.get("pools", []):
+        for i, p in enumerate(census.get("pools", [])):
+            if i == 0:
+                self.seed = float(p["capacity"])
             self._est.setdefault(p["pool"], float(p["capacity"]))
             self._cap.setdefault(p["pool"], float(p.get("carryingCapacity") or 0))
 
@@ -550,12 +556,12 @@ class EventTail:
             self.notable.append(f"t={t:5.1f}s  grew       {what}  [{pool}]")
         elif kind == "exhausted":
             pool, est = f.get("pool", "?"), float(f.get("est", 0))
-            running = f.get("running", "?")
+            running, cap = f.get("running", "?"), float(f.get("cap") or 0)
             self._est[pool] = est
-            self._cap[pool] = float(running) if running.isdigit() else 0.0
-            self.history.append((t, kind, est, self._cap[pool]))
-            self.notable.append(f"t={t:5.1f}s  exhausted  {f.get('why')} at {running} running: "
-                                f"K = {running}, K̂ → {_short(est)}  [{pool}]")
+            self._cap[pool] = cap
+            self.history.append((t, kind, est, cap))
+            self.notable.append(f"t={t:5.1f}s  exhausted  {f.get('why')} with {running} running: "
+                                f"K = {_short(cap)}, K̂ → {_short(est)}  [{pool}]")
         elif kind == "config":
             self.notable.append(f"t={t:5.1f}s  config     policy version {f.get('version')}")
 
@@ -876,6 +882,39 @@ def _stop_pods(procs: Sequence[multiprocessing.process.BaseProcess], grace: floa
     return {"terminated": len(procs) - killed, "killed": killed}
 
 
+SETTLE_AFTER = 60.0  # s: the summary judges the estimate and counts 429s after the first minute
+
+
+def settling(history: Sequence[tuple[float, str, float, float]], seed: float, capacity: float, end: float,
+             after: float = SETTLE_AFTER) -> dict[str, Any] | None:
+    """How K̂ held from ``after`` to ``end`` (seconds since the start): the share of that time it
+    was within one of ``capacity``, and its least and greatest value. ``history`` is the tail's
+    (t, kind, K̂, K) in time order, ``seed`` K̂ before the first entry; None for a shorter run."""
+    if end <= after:
+        return None
+    est = seed
+    for t, _, e, _ in history:
+        if t > after:
+            break
+        est = e
+    within, lo, hi, t0 = 0.0, est, est, after
+    for t, _, e, _ in [h for h in history if after < h[0] <= end] + [(end, "", None, 0.0)]:
+        within += (t - t0) if abs(est - capacity) <= 1.0 else 0.0
+        if e is not None:
+            est, t0 = e, t
+            lo, hi = min(lo, e), max(hi, e)
+    return {"within_one": within / (end - after), "min": lo, "max": hi}
+
+
+def refusals_per_minute(readings: Sequence[tuple[float, int]], after: float = SETTLE_AFTER) -> float | None:
+    """429s (and 529s) per minute from ``after`` seconds past the first reading to the last."""
+    if not readings or readings[-1][0] - readings[0][0] <= after:
+        return None
+    start = readings[0][0] + after
+    base = next(n for t, n in reversed(readings) if t <= start)
+    return (readings[-1][1] - base) / ((readings[-1][0] - start) / 60.0)
+
+
 def _summary(census: Mapping[str, Any], tail: EventTail, view: ProviderView, pods: Mapping[str, Any],
              elapsed: float, interrupted: bool) -> dict[str, Any]:
     """Both views at the end. The provider's figures are read once more after the pods stopped
@@ -893,6 +932,8 @@ def _summary(census: Mapping[str, Any], tail: EventTail, view: ProviderView, pod
         "slots": pool.get("slots"), "exhausted": pool.get("exhausted"), "why": pool.get("why"),
         "events": dict(tail.totals), "history": tail.history,
         "inflight_mean_last_two_thirds": round(sum(steady) / len(steady), 1) if steady else None,
+        "settling": settling(tail.history, tail.seed, provider.get("capacity", 0), elapsed),
+        "refusals_per_minute": refusals_per_minute(view.refusals),
     }
 
 
@@ -928,6 +969,11 @@ def render_summary(s: Mapping[str, Any]) -> str:
         f"    at the end: K̂ {s['estimate']:.2f}  K {s['carrying_capacity']}  slots {s['slots']}"
         + (f"  (exhausted: {s['why']})" if s["exhausted"] else "  (slow start)"),
     ]
+    settled, rate = s.get("settling"), s.get("refusals_per_minute")
+    if settled is not None:
+        lines.append(f"  after the first minute: K̂ within one of the hidden capacity {settled['within_one']:.0%} of the "
+                     f"time (K̂ {_short(settled['min'])}–{_short(settled['max'])})"
+                     + (f", {rate:.1f} 429s per minute" if rate is not None else ""))
     if s.get("stopped"):
         lines.append(f"  pods stopped: {s['stopped']['terminated']} cleanly"
                      + (f", {s['stopped']['killed']} killed" if s["stopped"]["killed"] else "")

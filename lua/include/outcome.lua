@@ -88,7 +88,7 @@ local function load_signal(T, p, now, why, seq, load)
   local decreased = decrease(T, p, now, why, seq, load)
   if decreased then
     save_pool(p, DECREASE_FIELDS)
-    event('exhausted', 'pool', p.name, 'why', why, 'running', p.running, 'est', fmt(p.est))
+    event('exhausted', 'pool', p.name, 'why', why, 'running', p.running, 'est', fmt(p.est), 'cap', fmt(p.cap))
   end
   return decreased
 end

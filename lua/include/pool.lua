@@ -4,9 +4,10 @@
 --   since the last growth step), atCap (growth steps at K without a load signal), lastDemand,
 --   succ, fail, meanSec, meanCost (micro-USD), running, waiting; moved (running here after a
 --   move), movedIn and movedOut (moves ever, to and from this pool); probeFrom (K before the
---   upward probe in progress, 0 = none), probeFails (probes refused in a row: the back-off).
+--   upward probe in progress, 0 = none), probeFails (probes refused in a row: the back-off),
+--   probeRuns (rounds admitted above probeFrom since the probe began).
 local POOL_NUM = {'est', 'cap', 'slow', 'exhausted', 'exhaustedAt', 'seq', 'holdSeq', 'lastGrow',
-  'clean', 'atCap', 'probeFrom', 'probeFails', 'lastDemand', 'succ', 'fail', 'meanSec', 'meanCost', 'running', 'waiting', 'priced', 'moved', 'movedIn', 'movedOut', 'pausedUntil'}
+  'clean', 'atCap', 'probeFrom', 'probeFails', 'probeRuns', 'lastDemand', 'succ', 'fail', 'meanSec', 'meanCost', 'running', 'waiting', 'priced', 'moved', 'movedIn', 'movedOut', 'pausedUntil'}
 
 local function load_pool(T, pool)
   local raw = redis.call('HGETALL', key('pool', pool))
@@ -48,7 +49,7 @@ end
 
 -- One growth step if due; true when the estimate (or K) changed. Idempotent per interval: every
 -- pod's tick may call it, only the first one after the interval takes effect.
-local GROW_FIELDS = {'est', 'cap', 'lastGrow', 'clean', 'atCap', 'slow', 'probeFrom', 'probeFails'}
+local GROW_FIELDS = {'est', 'cap', 'lastGrow', 'clean', 'atCap', 'slow', 'probeFrom', 'probeFails', 'probeRuns'}
 -- a refused probe doubles the wait before the next one, up to 2^PROBE_BACKOFF_MAX times
 local PROBE_BACKOFF_MAX = 3
 local function grow(T, p, now)
@@ -67,10 +68,14 @@ local function grow(T, p, now)
       -- at K: upward probing grows K by one after probe_after steps without a load signal
       p.est = math.min(T.max_estimate, math.max(p.est, p.cap))
       p.atCap = p.atCap + 1
-      if p.atCap >= T.probe_after * 2 ^ math.min(p.probeFails, PROBE_BACKOFF_MAX) then
-        -- the last probe held a whole wait without a refusal: its level is K now, no back-off
+      -- the probe before held only once as many rounds as it probed from ran above that level
+      -- without a refusal (a wait with few rounds at the new level is no evidence): its level is
+      -- then K, with no back-off
+      local tested = p.probeFrom == 0 or p.probeRuns >= p.probeFrom
+      if tested and p.atCap >= T.probe_after * 2 ^ math.min(p.probeFails, PROBE_BACKOFF_MAX) then
         if p.probeFrom > 0 then p.probeFails = 0 end
         p.probeFrom = p.cap
+        p.probeRuns = 0
         p.cap = math.min(T.max_estimate, p.cap + 1)
         p.atCap = 0
         local step = math.max(T.growth_rate * p.est * (1 - p.est / p.cap), 0.25)
@@ -94,7 +99,7 @@ end
 --     decrease again;
 --   * otherwise K = n, K̂ = max(1, factor·n), slow start ends.
 local DECREASE_FIELDS = {'est', 'cap', 'slow', 'exhausted', 'exhaustedAt', 'why', 'holdSeq',
-  'lastGrow', 'clean', 'atCap', 'probeFrom', 'probeFails'}
+  'lastGrow', 'clean', 'atCap', 'probeFrom', 'probeFails', 'probeRuns'}
 local function decrease(T, p, now, why, seat_seq, load)
   local refused = why == 'rate_limited' and load ~= nil
   local n = math.max(1, refused and load - 1 or p.running)
