@@ -21,7 +21,8 @@ Endpoints (each takes ``?mesh=NAME``; default the first mesh served, ``/metrics`
 
 Metrics (labels: ``mesh``, ``pool``, ``provider``, ``lane`` and the reason words; never a round
 id). Gauges per pool: ``admission_pool_estimate`` (K̂), ``admission_pool_carrying_capacity``
-(K, 0 = never measured), ``admission_pool_slots``, ``_running``, ``_waiting``, ``_free``,
+(K, 0 = never measured), ``_probing_from`` (the K an upward probe started from, 0 = none),
+``_probe_backoff`` (the wait before the next probe, as a multiple: 1, or 2-8 after refusals), ``admission_pool_slots``, ``_running``, ``_waiting``, ``_free``,
 ``_exhausted``, ``_closed``, ``_closed_until_timestamp_seconds``, ``_paused_until_timestamp_seconds``,
 ``_running_moved``,
 ``_mean_round_seconds``, ``_mean_round_cost_usd``, ``_owed``, ``_hard_pinned_waiting``; counters
@@ -208,6 +209,8 @@ GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
     "admission_policy_version": (("mesh",), "Version of the policy applied to the mesh."),
     "admission_pool_estimate": (POOL, "The pool's estimate K-hat of rounds it can carry."),
     "admission_pool_carrying_capacity": (POOL, "The pool's carrying capacity K (0 = never measured)."),
+    "admission_pool_probing_from": (POOL, "The K an upward probe started from (0 = no probe in progress)."),
+    "admission_pool_probe_backoff": (POOL, "The wait before the next upward probe, as a multiple (1; 2, 4, 8 after refused probes)."),
     "admission_pool_slots": (POOL, "Slots the pool grants now."),
     "admission_pool_running": (POOL, "Rounds running on the pool."),
     "admission_pool_waiting": (POOL, "Rounds waiting for the pool."),
@@ -304,6 +307,7 @@ class CensusCollector:
             labels = [mesh, pool, provider]
             closed = bool(p.get("closedUntil"))
             for name, value in (("estimate", p.get("capacity")), ("carrying_capacity", p.get("carryingCapacity")),
+                                ("probing_from", p.get("probingFrom") or 0), ("probe_backoff", p.get("probeBackoff") or 1),
                                 ("slots", p.get("slots")), ("running", p.get("running")),
                                 ("waiting", p.get("waiting")), ("free", p.get("free")),
                                 ("exhausted", bool(p.get("exhausted"))), ("closed", closed),

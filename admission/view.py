@@ -73,6 +73,11 @@ def render_census(doc: dict[str, Any]) -> str:
              f"{time.strftime('%H:%M:%S', time.gmtime(doc.get('at', 0)))}Z"]
     for p in doc["pools"]:
         state = f"exhausted ({p['why']})" if p["exhausted"] else "slow start"
+        if p.get("probingFrom"):  # an upward probe: K from probingFrom, tested by probeRuns of that many rounds
+            state += (f", probing K above {_num(p['probingFrom'])} ({_num(p.get('probeRuns', 0))} of "
+                      f"{_num(p['probingFrom'])} rounds ran above it)")
+        if (p.get("probeBackoff") or 1) > 1:
+            state += f", probes back off x{_num(p['probeBackoff'])}"
         if p.get("closedUntil"):
             state = (f"CLOSED ({p['closedWhy']}) until "
                      f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(p['closedUntil']))}Z, {state}")

@@ -5,7 +5,9 @@ import pytest
 
 from admission import Status
 
-from helpers import POOL, T0, Rounds, adm, policy, pool_state
+from admission.view import render_census
+
+from helpers import POOL, T0, Rounds, adm, policy, pool_row, pool_state
 
 
 def est(client) -> float:
@@ -250,3 +252,15 @@ def test_signals_mean_seconds_and_mean_cost_are_ewma(redis_client):
     row = a.census(now=T0)["pools"][0]
     assert row["meanSeconds"] == pytest.approx(10 + 0.1 * (20 - 10))
     assert row["meanCostUsd"] == pytest.approx(0.10 + 0.1 * (0.20 - 0.10))
+
+
+def test_the_census_shows_a_probe_in_progress_and_its_back_off(redis_client):
+    a, r, held = measured(redis_client, 4, probe_after=3, growth_rate=2)
+    _, now = steps_at_capacity(a, r, held, T0 + 10, 5)                   # probing K = 5 from 4
+    row = pool_row(a.census(now=now))
+    assert row["probingFrom"] == 4 and row["carryingCapacity"] == 5 and row["probeBackoff"] == 1
+    a.release(held.pop(), outcome="rate_limited", seconds=1, now=now)   # refused: back to 4, back-off
+    doc = a.census(now=now + 1)
+    row = pool_row(doc)
+    assert row["probingFrom"] == 0 and row["probeBackoff"] == 2
+    assert "probes back off x2" in render_census(doc)

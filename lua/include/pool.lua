@@ -52,6 +52,9 @@ end
 local GROW_FIELDS = {'est', 'cap', 'lastGrow', 'clean', 'atCap', 'slow', 'probeFrom', 'probeFails', 'probeRuns'}
 -- a refused probe doubles the wait before the next one, up to 2^PROBE_BACKOFF_MAX times
 local PROBE_BACKOFF_MAX = 3
+local function probe_backoff(p) -- the wait's multiplier: 1, 2, 4 or 8
+  return 2 ^ math.min(p.probeFails, PROBE_BACKOFF_MAX)
+end
 local function grow(T, p, now)
   -- a clock that stepped back (a failover, a caller's clock) never freezes growth
   local since = now - p.lastGrow
@@ -72,7 +75,7 @@ local function grow(T, p, now)
       -- without a refusal (a wait with few rounds at the new level is no evidence): its level is
       -- then K, with no back-off
       local tested = p.probeFrom == 0 or p.probeRuns >= p.probeFrom
-      if tested and p.atCap >= T.probe_after * 2 ^ math.min(p.probeFails, PROBE_BACKOFF_MAX) then
+      if tested and p.atCap >= T.probe_after * probe_backoff(p) then
         if p.probeFrom > 0 then p.probeFails = 0 end
         p.probeFrom = p.cap
         p.probeRuns = 0
