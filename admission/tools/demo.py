@@ -45,6 +45,7 @@ plain Redis keys beside the mesh's; admission never reads them.
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import ctypes
 import importlib
@@ -208,8 +209,9 @@ class ProviderView:
     def __init__(self, fetch: Callable[[], Mapping[str, Any]], url: str = ""):
         self.fetch, self.url = fetch, url
         self.inflight: list[int] = []
-        self.refusals: list[tuple[float, int]] = []  # (monotonic time, 429s and 529s so far), every reading
-        self._refusals: collections.deque[tuple[float, int]] = collections.deque()
+        # (monotonic time, 429s and 529s so far) of every reading: the screen's last minute and the
+        # summary's rate after the first minute both come from it
+        self.refusals: list[tuple[float, int]] = []
         self.last: dict[str, Any] | None = None
 
     @classmethod
@@ -225,16 +227,14 @@ class ProviderView:
             return None
         total = stats.get("total", {})
         now, refused = time.monotonic(), int(total.get("429", 0)) + int(total.get("529", 0))
-        self._refusals.append((now, refused))
         self.refusals.append((now, refused))
-        while now - self._refusals[0][0] > 60.0:
-            self._refusals.popleft()
+        minute_ago = self.refusals[bisect.bisect_left(self.refusals, now - 60.0, key=lambda r: r[0])][1]
         self.inflight.append(int(total.get("in_flight", 0)))
         self.last = {
             "url": self.url, "capacity": provider_capacity(stats), "in_flight": int(total.get("in_flight", 0)),
             "peak": int(total.get("peak_in_flight", 0)), "requests": int(total.get("requests", 0)),
             "completions": int(total.get("completions", 0)), "429": int(total.get("429", 0)),
-            "529": int(total.get("529", 0)), "last_minute": refused - self._refusals[0][1],
+            "529": int(total.get("529", 0)), "last_minute": refused - minute_ago,
             "over_capacity_s": float(total.get("over_capacity_s", 0.0)), "tokens": int(total.get("tokens", 0)),
         }
         return self.last
