@@ -93,7 +93,9 @@ return run(function()
   local T = cfg.T
   -- validated: writes may start
 
-  sweep(now, SWEEP_PER_ADMIT)
+  -- the sweep only once a lease may have run out (its marker: seats.lua sweep_due)
+  local marker = cfg.sweep_at
+  if sweep_due(marker, now) then marker = select(3, sweep(now, SWEEP_PER_ADMIT)) end
 
   local ticket = read_hash(key('ticket', id))
 
@@ -244,6 +246,7 @@ return run(function()
       rev = rev and fmt(rev) or '', probe = probe and '1' or '', delegated = delegated and parent or '',
       movedFrom = (moved and borrow == '') and asked or '', borrowedFor = borrow ~= '' and asked or ''},
       now + T.lease_ttl)
+    keep_sweep_before(marker, now + T.lease_ttl)
     if intent then -- the watermark moves up to this revision; an earlier refusal is superseded
       if rev and rev > (intent.rev or -1) then write_intent(id, 'rev', fmt(rev)) end
       if intent.decision then redis.call('HDEL', key('intent', id), 'decision', 'until') end
@@ -296,6 +299,7 @@ return run(function()
   end
   -- a hard-pinned waiter is listed (census: hard-pinned to <pool>; starving past starved_after)
   if want_wait then
+    keep_sweep_before(marker, now + T.lease_ttl) -- its ticket's lease, new or renewed
     if pin then
       redis.call('ZADD', key('pinned', pool), since, id)
       redis.call('HSETNX', key('pool', pool), 'pinnedSince', fmt(since))

@@ -20,12 +20,13 @@
     every member of pinned:<p> is a ticket waiting for p; per lane: `<lane>` == seats,
     `<lane>|w` == tickets, `<lane>|d` == delegated seats; every ticket is in its own queue and
     every queue member is a ticket of that pool and lane; no id is both a seat and a ticket; no
-    count is negative or not a number; the records name a lane and a pool.
+    count is negative or not a number; the records name a lane and a pool; the sweep's marker
+    (config sweepAt) is not after the earliest lease.
 
   Reply: JSON {ok, seats, tickets, problems: [{kind, ...}]} (kinds: seat-without-record,
     ticket-without-record, seat-not-leased, ticket-not-leased, bad-record, seat-and-ticket,
     pool-count, lane-count, negative, not-a-number, ticket-not-queued, queue-member-without-ticket,
-    queue-member-misplaced, pinned-not-waiting, bad-config). An empty problem list may come back as {} (cjson).
+    queue-member-misplaced, pinned-not-waiting, sweep-marker-late, bad-config). An empty problem list may come back as {} (cjson).
   Errors: ADM_BAD_ARG (KEYS[1])
 ]]
 --@include "codes"
@@ -71,6 +72,16 @@ return run(function()
     leased_ticket[id] = true
     local t = read_hash(key('ticket', id))
     if t then tickets[id] = t else problem('ticket-without-record', {id = id}) end
+  end
+
+  -- the sweep's marker (seats.lua sweep_due) never after a lease: else an admit could skip the
+  -- sweep of a lease that ran out
+  local marker = redis.call('HGET', KEYS[1], 'sweepAt')
+  if marker then
+    local first = earliest_lease()
+    if first ~= '' and (marker == '' or tonumber(marker) == nil or tonumber(marker) > tonumber(first)) then
+      problem('sweep-marker-late', {marker = marker, lease = first})
+    end
   end
 
   -- a record must name its lane and pool to be counted

@@ -80,5 +80,6 @@ return run(function()
       lost_tickets[#lost_tickets + 1] = id
     end
   end
+  if #seats + #tickets > 0 then keep_sweep_before(cfg.sweep_at, until_) end -- renewed or re-asserted leases
   return {STATUS.OK, fmt(until_), lost, reasserted, lost_tickets}
 end)

@@ -199,6 +199,54 @@ def test_admit_sweeps_expired_leases_before_deciding(redis_client):
     assert d.admitted and d.running == 1            # no tick yet: the admit swept pod-a's leases
 
 
+def _sweep_at(client) -> float | None:
+    v = client.hget("adm:{t}:config", "sweepAt")
+    return float(v) if v not in (None, b"") else None
+
+
+def test_an_admit_skips_the_sweep_until_a_lease_can_have_run_out(redis_client, engine):
+    """The sweep's marker: no lease ends before it, so an admit before it reads no range."""
+    a = adm(redis_client, pol=policy(ONE_LANE, lease_ttl=30, seed_estimate=50))
+    Rounds(a).fill("x", 3)                                        # leases end at T0 + 30
+    assert _sweep_at(redis_client) == T0 + 30
+    real = engine != "fakeredis"                                  # INFO commandstats
+    if real:
+        redis_client.config_resetstat()
+    for i in range(3):
+        assert a.try_admit(lane="x", model=POOL, round_id=f"n{i}", now=T0 + 29).admitted
+    if real:
+        assert "cmdstat_zrangebyscore" not in redis_client.info("commandstats")  # no sweep before it
+    assert a.tick(now=T0 + 31).swept == 3
+    assert _sweep_at(redis_client) == T0 + 29 + 30                # the earliest lease left
+    assert a.try_admit(lane="x", model=POOL, round_id="late", now=T0 + 60, draw=0.0).admitted
+    assert pool_state(redis_client)["running"] == "1"             # the admit swept the three
+    if real:
+        assert redis_client.info("commandstats")["cmdstat_zrangebyscore"]["calls"] >= 2
+
+
+def test_every_lease_written_keeps_the_sweep_marker_before_it(redis_client):
+    """A lease shorter than every earlier one (a policy with a shorter lease_ttl) lowers the marker,
+    so the admit after it ends sweeps it: from an admit, a waiter's ticket and a heartbeat."""
+    a = adm(redis_client, pol=policy(ONE_LANE, lease_ttl=100, max_estimate=3))
+    Rounds(a).fill("x", 1)                                        # lease ends at T0 + 100
+    assert _sweep_at(redis_client) == T0 + 100
+    a.apply_policy(policy(ONE_LANE, lease_ttl=10, max_estimate=3), recovery_hold=False)
+    b = adm(redis_client, pod="pod-b", apply=False)
+    assert b.try_admit(lane="x", model=POOL, round_id="short", now=T0 + 1, draw=0.0).admitted
+    assert _sweep_at(redis_client) == T0 + 11                     # an admit's seat
+    c = adm(redis_client, pod="pod-c", apply=False)
+    c.try_admit(lane="x", model=POOL, round_id="c1", now=T0 + 2, draw=0.0)
+    c.try_admit(lane="x", model=POOL, round_id="wait", now=T0 + 2, wait=True)
+    redis_client.hset("adm:{t}:config", "sweepAt", repr(T0 + 11))  # as it was before the ticket
+    c.try_admit(lane="x", model=POOL, round_id="wait", now=T0 + 0.5, wait=True)  # renewed earlier
+    assert _sweep_at(redis_client) == T0 + 10.5                   # a waiter's ticket
+    redis_client.hset("adm:{t}:config", "sweepAt", repr(T0 + 11))
+    a.heartbeat(now=T0 + 0.25)                                    # renews pod-a's seat to T0 + 10.25
+    assert _sweep_at(redis_client) == T0 + 10.25                  # a heartbeat's leases
+    d = b.try_admit(lane="x", model=POOL, round_id="after", now=T0 + 12, draw=0.0)
+    assert d.admitted and pool_state(redis_client)["running"] == "1"  # the admit swept them all
+
+
 def test_one_heartbeat_renews_every_lease_of_the_pod(redis_client):
     a = adm(redis_client, pol=policy(ONE_LANE, lease_ttl=30))
     Rounds(a).fill("x", 2)

@@ -205,3 +205,21 @@ def test_render():
                                                       "value": -1}]), "prod")
     assert text.splitlines() == ["1 problem in mesh prod (1 seats, 0 tickets):",
                                  "  - negative: field=running key=pool:m@p value=-1"]
+
+
+@pytest.mark.corrupts_state
+def test_a_sweep_marker_after_a_lease_is_reported(redis_client):
+    """An admit skips the sweep before the marker (config sweepAt): one after a lease would let
+    that lease outlive its end."""
+    _setup(redis_client)
+    assert _check(redis_client).ok
+    first = min(s for _, s in redis_client.zrange(P + "seats", 0, 0, withscores=True)
+                + redis_client.zrange(P + "tickets", 0, 0, withscores=True))
+    redis_client.hset(P + "config", "sweepAt", "9e12")
+    (problem,) = _check(redis_client).problems
+    assert problem["kind"] == "sweep-marker-late" and problem["marker"] == "9e12"
+    assert float(problem["lease"]) == first
+    redis_client.hset(P + "config", "sweepAt", "")              # "no lease" while leases exist
+    assert _check(redis_client).kinds() == {"sweep-marker-late"}
+    redis_client.hset(P + "config", "sweepAt", repr(first))    # at the earliest lease: fine
+    assert _check(redis_client).ok

@@ -295,6 +295,7 @@ def test_delegated_needs_a_parent_holding_a_live_seat(redis_client):
     # four older lapsed entries take this admit's sweep (it sweeps four per call)
     p2 = ask(lane="a", pool=X, rid="p2")
     redis_client.zadd("adm:{t}:seats", {"p2": T0 + 5, **{f"ghost{i}": T0 + 1 for i in range(4)}})
+    redis_client.hdel("adm:{t}:config", "sweepAt")  # leases written behind the scripts' back
     ask.now = T0 + 10
     d = ask(lane="b", pool=X, rid="child2", parent="p2")
     assert redis_client.hget("adm:{t}:seat:p2", "lane") is not None   # not swept yet

@@ -8,6 +8,8 @@
 --   token     a unique id of this apply (a new policy, even after a wipe, has a new token)
 --   clock     server | caller: whose `now` the scripts take (util.lua clock)
 --   holdUntil the recovery hold after a policy was applied to a mesh without one (0 = none)
+--   sweepAt   no lease (seat or ticket) expires before it: an admit sweeps only from then on
+--             ('' = no lease; absent = unknown, sweep; seats.lua sweep_due)
 --   providers JSON object: provider -> {limit (daily, micro-USD; absent = none), pools}
 --   moves     JSON object: alternatives {pool: [pool, ...]} (ordered), pinLanes, pinAgents (lists),
 --             agents {agent: lane} (DESIGN §7: moving between pools)
@@ -20,7 +22,7 @@
 local CONFIG_CACHE = {}
 
 local function load_config(pool)
-  local v = redis.call('HMGET', KEYS[1], 'token', pool and ('pool:' .. pool) or 'token')
+  local v = redis.call('HMGET', KEYS[1], 'token', pool and ('pool:' .. pool) or 'token', 'sweepAt')
   if not v[1] then fail(ERR.NO_CONFIG, 'no policy applied to this mesh; run `admission config apply FILE`') end
   local c = CONFIG_CACHE[KEYS[1]]
   if not c or c.token ~= v[1] then
@@ -55,9 +57,10 @@ local function load_config(pool)
     end
     CONFIG_CACHE[KEYS[1]] = c
   end
-  return {version = c.version, lanes = c.lanes, T = c.T, lane = c.lane, max_weight = c.max_weight,
-    hold_until = c.hold_until, providers = c.providers, moves = c.moves, planes = c.planes, provider = pool and v[2] or nil,
-    lane_fields = c.lane_fields, lane_fields_d = c.lane_fields_d}
+  -- this call's readings ride on the cached policy (no table built per call); every call sets them
+  c.provider = pool and v[2] or nil -- the pool's provider (nil: not in the catalog)
+  c.sweep_at = v[3] -- the sweep's marker (seats.lua sweep_due)
+  return c
 end
 
 -- A round's lane: the one it names, else its agent's (laneOfAgent, [agents]).

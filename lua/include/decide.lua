@@ -108,7 +108,12 @@ local function decide_at(cfg, T, p, r, lane, run, g_me, u, guarded)
 end
 
 local function decide(cfg, T, p, L, lane, u, guarded)
-  local g = guaranteed(cfg, L, slots(p), lane)
+  -- the lane's own floor part, floor(share x C), is guaranteed whatever the other lanes hold (the
+  -- remainders and the one-slot rule only add): below it, check 4 decides without building g
+  local C = slots(p)
+  local own = math.floor(cfg.lane[lane].floor * C + 1e-9) -- as guaranteed() computes it
+  if L.run[lane] < own then return decide_at(cfg, T, p, nil, lane, L.run[lane], own, u, guarded) end
+  local g = guaranteed(cfg, L, C, lane)
   local run, g_me = L.run[lane], g[lane]
   -- below its floor, check 4 decides alone: the other lanes' rivalry is not built
   if run < g_me then return decide_at(cfg, T, p, nil, lane, run, g_me, u, guarded) end

@@ -100,9 +100,36 @@ local function drop_ticket(id, t)
   redis.call('HINCRBY', key('pool', t.pool), 'waiting', -1)
 end
 
+-- The sweep's marker, `sweepAt` in the config hash: no lease expires before it, so an admit skips
+-- the sweep's two range reads until `now` reaches it. Every lease written lowers it to the lease
+-- when earlier (keep_sweep_before); a sweep that found every expired lease sets it to the earliest
+-- lease left. A renewal may leave it earlier than any lease: the next sweep finds nothing and
+-- moves it. Values: a number, '' (no lease at all) or absent (unknown: sweep).
+local function sweep_due(marker, now)
+  if marker == nil or marker == false then return true end
+  return marker ~= '' and now >= tonumber(marker)
+end
+
+-- After writing leases ending at `until_` (one call's leases all end then): `marker` is the
+-- marker as this call knows it.
+local function keep_sweep_before(marker, until_)
+  if marker == nil or marker == false then return end -- unknown: the next admit sweeps anyway
+  if marker == '' or until_ < tonumber(marker) then redis.call('HSET', KEYS[1], 'sweepAt', fmt(until_)) end
+end
+
+-- The earliest lease left, as the marker's value.
+local function earliest_lease()
+  local s = redis.call('ZRANGE', key('seats'), 0, 0, 'WITHSCORES')[2]
+  local t = redis.call('ZRANGE', key('tickets'), 0, 0, 'WITHSCORES')[2]
+  if not s and not t then return '' end
+  if not s or (t and tonumber(t) < tonumber(s)) then return t end
+  return s
+end
+
 -- Sweep at most `limit` expired seats and tickets (a dead pod's leases): bounded cost per call.
 -- Each seat swept is an `expired` event (its pool, lane and pod); a lapsed ticket is not.
--- Returns the pools whose counts changed, so callers can wake their waiters.
+-- Returns the pools whose counts changed, so callers can wake their waiters, the leases swept,
+-- and the sweep's marker after it.
 local function sweep(now, limit)
   local touched, n = {}, 0
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', key('seats'), '-inf', now, 'LIMIT', 0, limit)) do
@@ -123,7 +150,12 @@ local function sweep(now, limit)
       n = n + 1
     end
   end
-  return touched, n
+  local marker = false -- more may have expired: the marker stays where it is (at or before now)
+  if n < limit then
+    marker = earliest_lease()
+    redis.call('HSET', KEYS[1], 'sweepAt', marker)
+  end
+  return touched, n, marker
 end
 
 local function wake(pool)
