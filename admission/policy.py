@@ -24,6 +24,7 @@ TUNABLES: dict[str, tuple[float, type, float, float]] = {
     "seed_estimate": (2, float, 1, 1e6),
     "max_estimate": (512, float, 1, 1e6),
     "slow_start_factor": (2, float, 1.0001, 100),
+    "slow_start_step": (8, float, 1, 1e6),
     "grow_interval": (15, float, 0.001, 86400),
     "growth_rate": (0.5, float, 0.0001, 10),
     "probe_after": (4, int, 1, 1e6),

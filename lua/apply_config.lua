@@ -35,7 +35,7 @@
 local MAX_LANES, MAX_POOLS = 1000, 1000 -- bounds every later write needs (one HSET, one HMGET)
 local RECOVERY_MARGIN = 1 -- seconds past one heartbeat period
 
-local TUNABLES = {'seed_estimate', 'max_estimate', 'slow_start_factor', 'grow_interval', 'growth_rate',
+local TUNABLES = {'seed_estimate', 'max_estimate', 'slow_start_factor', 'slow_start_step', 'grow_interval', 'growth_rate',
   'probe_after', 'decrease_factor', 'high_free', 'lease_ttl', 'stall_after', 'round_cap', 'starved_after',
   'probe_every', 'closed_for', 'aging_unit', 'cost_scale', 'health_max_age', 'decision_ttl', 'retry_after_max'}
 local ZERO_OK = {retry_after_max = true} -- 0 turns the Retry-After pause off

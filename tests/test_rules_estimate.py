@@ -1,6 +1,8 @@
 """DESIGN §4 — the estimate of one pool (seed-and-grow). One test per rule, named after it."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from admission import Status
@@ -61,6 +63,31 @@ def test_slow_start_doubles_once_per_grow_interval_up_to_max(redis_client):
     assert a.tick(now=T0 + 30).grew == {POOL: 8.0}
     r.fill("a", 4)
     assert a.tick(now=T0 + 45).grew == {POOL: 10.0}  # capped by max_estimate
+
+
+def test_limited_slow_start_a_step_adds_at_most_slow_start_step_rounds(redis_client):
+    """Doubling until a step would add more than slow_start_step rounds, then that many a step: a
+    step past K admits at most slow_start_step rounds too many before the first 429 comes back."""
+    a = adm(redis_client, pol=policy(slow_start_step=3))
+    r = Rounds(a)
+    grew = []
+    for i, more in enumerate((2, 2, 3, 3), start=1):
+        r.fill("a", more)                                          # full again: demand
+        grew.append(a.tick(now=T0 + 15 * i).grew[POOL])
+    assert grew == [4.0, 7.0, 10.0, 13.0]                          # x2, then +3 a step
+    adm(redis_client, mesh="d")                                     # the default (design §4)
+    assert json.loads(redis_client.hget("adm:{d}:config", "tunables"))["slow_start_step"] == 8
+
+
+def test_limited_slow_start_a_policy_stored_without_the_step_doubles(redis_client):
+    """A policy stored before slow_start_step existed keeps doubling until it is applied again."""
+    a = adm(redis_client, pol=policy(slow_start_step=1))
+    tunables = json.loads(redis_client.hget("adm:{t}:config", "tunables"))
+    del tunables["slow_start_step"]
+    redis_client.hset("adm:{t}:config", mapping={"tunables": json.dumps(tunables), "token": "older"})
+    r = Rounds(a)
+    r.fill("a", 2)
+    assert a.tick(now=T0 + 15).grew == {POOL: 4.0}
 
 
 def test_logistic_growth_once_measured(redis_client):

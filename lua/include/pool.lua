@@ -61,7 +61,9 @@ local function grow(T, p, now)
   if since >= 0 and since < grow_interval(T, p) then return false end
   if not has_demand(T, p, now) then return false end -- an idle pool keeps its estimate
   if p.exhausted ~= 1 then
-    p.est = math.min(T.max_estimate, p.est * T.slow_start_factor)
+    -- limited slow start: a step adds at most slow_start_step rounds (a policy stored before the
+    -- tunable existed: no limit, until it is applied again)
+    p.est = math.min(T.max_estimate, p.est * T.slow_start_factor, p.est + (T.slow_start_step or math.huge))
   else
     if p.clean < 1 then return false end -- no clean round since the last step: no evidence yet
     if p.est < p.cap - 0.5 then
