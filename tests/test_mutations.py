@@ -60,6 +60,8 @@ MUTATIONS = [
     ("a 429 a little below K refines it", "include/pool.lua",
      "elseif measured and n < p.cap and n >= T.decrease_factor * p.cap then", "elseif false then",
      "test_rules_estimate.py", "little_below_K"),
+    ("a stall on a measured pool leaves K", "include/pool.lua", "elseif why == 'stall' and p.exhausted == 1 then",
+     "elseif false then", "test_rules_estimate.py", "stall_on_a_measured_pool"),
     ("counts halve", "include/pool.lua", "if p.succ + p.fail > 200 then", "if false then", "test_rules_estimate.py", "halve"),
     ("ewma", "include/pool.lua", "return mean + EWMA * (x - mean)", "return x", "test_rules_estimate.py", "ewma"),
     ("rate limit is load", "include/outcome.lua", "local LOAD = {rate_limited = true,", "local LOAD = {",

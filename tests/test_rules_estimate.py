@@ -246,6 +246,21 @@ def test_stall_reported_mid_round_decreases_and_the_seat_stays(redis_client):
     assert not out.decreased                       # reported once, counted once
 
 
+def test_a_stall_on_a_measured_pool_lowers_the_estimate_not_K(redis_client):
+    """A stall says a round is long for the load it ran at, not that the provider refused one:
+    K̂ comes down to factor·n to make room, K stays what the 429 measured, and growth goes back
+    to it. In slow start a stall still measures K (the test above)."""
+    a, r, seats = measured(redis_client, 10)                       # K = 10, K̂ = 7
+    for s in seats[:4]:
+        a.release(s, outcome="clean", seconds=1, now=T0 + 2)
+    r.now = T0 + 2
+    later = r.fill("a", 1)                                          # after the decrease: a new burst
+    assert a.report(later[0], signal="stall", now=T0 + 1200).decreased
+    s = pool_state(redis_client)
+    assert float(s["cap"]) == 10 and s["why"] == "stall"            # K stays
+    assert float(s["est"]) == pytest.approx(0.7 * 7)                # n = the 7 running
+
+
 @pytest.mark.parametrize("outcome", ["rate_limited", "stall", "round_cap"])
 def test_load_signals_rate_limit_stall_round_cap_decrease(redis_client, outcome):
     a = adm(redis_client, pol=policy({"a": {"floor": 0, "weight": 1, "priority": 1}}, seed_estimate=5))

@@ -102,6 +102,7 @@ end
 --     bounds it), so K comes down to n and K̂ at most to it, in any burst;
 --   * once per burst: a round admitted before the last decrease (its seq <= holdSeq) does not
 --     decrease again;
+--   * a stall on a measured pool lowers K̂ to at most factor·n and leaves K;
 --   * otherwise K = n, K̂ = max(1, factor·n), slow start ends.
 local DECREASE_FIELDS = {'est', 'cap', 'slow', 'exhausted', 'exhaustedAt', 'why', 'holdSeq',
   'lastGrow', 'clean', 'atCap', 'probeFrom', 'probeFails', 'probeRuns'}
@@ -120,6 +121,10 @@ local function decrease(T, p, now, why, seat_seq, load)
     return true
   elseif seat_seq <= p.holdSeq then
     return false
+  elseif why == 'stall' and p.exhausted == 1 then
+    -- a stall says the round is long for the load it ran at, not that the provider refused a
+    -- round: K̂ makes room for it, K stays what the refusals measured
+    p.est = math.min(p.est, math.max(1, T.decrease_factor * n))
   else
     p.cap = n
     p.est = math.max(1, T.decrease_factor * n)
