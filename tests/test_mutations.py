@@ -123,7 +123,7 @@ MUTATIONS = [
     ("a sweep moves the marker to the earliest lease left", "include/seats.lua",
      "    redis.call('HSET', KEYS[1], 'sweepAt', marker)\n", "", "test_client.py", "skips_the_sweep"),
     ("below its own floor part a lane is within its floor", "include/decide.lua",
-     "local own = math.floor(cfg.lane[lane].floor * C + 1e-9)", "local own = C", "test_rules_lanes.py", "reserved_a_borrower"),
+     "local own = math.floor(quota(cfg.lane[lane], C))", "local own = C", "test_rules_lanes.py", "reserved_a_borrower"),
     # the doctor (lua/doctor.lua): each check it makes
     ("doctor: the sweep's marker is not after a lease", "doctor.lua",
      "problem('sweep-marker-late', {marker = marker, lease = first})", "", "test_doctor.py", "sweep_marker"),

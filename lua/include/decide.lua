@@ -111,7 +111,7 @@ local function decide(cfg, T, p, L, lane, u, guarded)
   -- the lane's own floor part, floor(share x C), is guaranteed whatever the other lanes hold (the
   -- remainders and the one-slot rule only add): below it, check 4 decides without building g
   local C = slots(p)
-  local own = math.floor(cfg.lane[lane].floor * C + 1e-9) -- as guaranteed() computes it
+  local own = math.floor(quota(cfg.lane[lane], C))
   if L.run[lane] < own then return decide_at(cfg, T, p, nil, lane, L.run[lane], own, u, guarded) end
   local g = guaranteed(cfg, L, C, lane)
   local run, g_me = L.run[lane], g[lane]

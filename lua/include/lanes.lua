@@ -13,6 +13,11 @@ local function load_lanes(cfg, pool, delegated)
   return L
 end
 
+-- A lane's quota of C slots, floor share × C; the lane's own part is floor(quota).
+local function quota(l, C)
+  return l.floor * C + 1e-9 -- absorb float noise (0.7 * 10 = 7.000000000000001)
+end
+
 -- Guaranteed slots (DESIGN §5.4): among the lanes that have work (running or waiting; `asking`
 -- counts as waiting), q = floor share × C; each gets floor(q), the floor(Σq) − Σfloor(q) slots
 -- left go one each to the largest remainders (ties to priority), then a lane with waiting work
@@ -22,7 +27,7 @@ local function guaranteed(cfg, L, C, asking)
   for _, l in ipairs(cfg.lanes) do
     g[l.name] = 0
     if L.run[l.name] > 0 or L.wait[l.name] > 0 or l.name == asking then
-      local q = l.floor * C + 1e-9 -- absorb float noise (0.7 * 10 = 7.000000000000001)
+      local q = quota(l, C)
       g[l.name] = math.floor(q)
       rem[l.name] = q - g[l.name]
       sum_q = sum_q + q

@@ -106,14 +106,14 @@ end
 -- lease left. A renewal may leave it earlier than any lease: the next sweep finds nothing and
 -- moves it. Values: a number, '' (no lease at all) or absent (unknown: sweep).
 local function sweep_due(marker, now)
-  if marker == nil or marker == false then return true end
+  if not marker then return true end -- absent (HMGET's false)
   return marker ~= '' and now >= tonumber(marker)
 end
 
 -- After writing leases ending at `until_` (one call's leases all end then): `marker` is the
 -- marker as this call knows it.
 local function keep_sweep_before(marker, until_)
-  if marker == nil or marker == false then return end -- unknown: the next admit sweeps anyway
+  if not marker then return end -- unknown: the next admit sweeps anyway
   if marker == '' or until_ < tonumber(marker) then redis.call('HSET', KEYS[1], 'sweepAt', fmt(until_)) end
 end
 
