@@ -63,6 +63,22 @@ def test_processor_sharing():
     assert pool.next_finish() is None
 
 
+def test_at_a_load_of_exactly_k_the_seeds_reviews_are_cut_from_k_14():
+    """The bound behind design section 4's "What no estimate of K can do": a review of the seed
+    (40,000 tokens) finishes before the cap only while the load stays at most 1 + 0.926·K, so a
+    pool held at exactly K (no 429 at all) cuts every review from K = 14 up, and an estimate that
+    is K itself cannot meet "no round cut": that needs the rounds' sizes."""
+    def finishes_at(n: int, k: float) -> bool:
+        return model.rate(n, k) * model.ROUND_CAP >= load.REVIEW_TOKENS
+
+    assert finishes_at(8, 8) and finishes_at(13, 13)
+    for k in (14, 18, 24, 40):
+        assert not finishes_at(k, k), k
+    # the largest load at which a review still finishes: 17 at K = 18, 37 at K = 40
+    assert [max(n for n in range(1, k + 1) if finishes_at(n, k)) for k in (8, 18, 40)] == [8, 17, 37]
+    assert math.floor(model.max_rounds_at_rate(load.REVIEW_TOKENS / model.ROUND_CAP, 18)) == 17
+
+
 def test_load_sizes_are_in_one_place():
     s = load.sizes()
     assert s["review_heads"] == 35 and s["review_tokens"] == 40_000
