@@ -106,7 +106,7 @@ class AsyncAdmission(ClientBase):
                         now: float | None = None, draw: float | None = None, wait: bool = False,
                         parent: str | None = None, revision: int | None = None,
                         alternatives: list[str] | None = None, borrow: str | None = None,
-                        move_to: Callable[[str], bool] | None = None) -> Decision:
+                        move_to: Callable[[str], bool] | None = None, tokens: float | None = None) -> Decision:
         """As the sync client's: refused on ``model``, the round moves to the first alternative
         that admits it, in one call (``alternatives``: the ranking; default a Thompson draw)."""
         await self._know_policy()
@@ -116,7 +116,7 @@ class AsyncAdmission(ClientBase):
         wait = wait and not borrow  # a borrow never waits
         call = self.core.admit(lane=lane, model=model, round_id=round_id, agent=agent, now=now, draw=draw,
                                wait=wait, parent=parent, revision=revision, borrow=borrow,
-                               alternatives=alternatives or (), on_stats=self._note_stats)
+                               alternatives=alternatives or (), on_stats=self._note_stats, tokens=tokens)
         try:
             d = await self._exec(call)
         except UNREACHABLE as exc:
@@ -220,14 +220,15 @@ class AsyncAdmission(ClientBase):
 
     async def admit_waiting(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
                             agent: str | None = None, parent: str | None = None,
-                            revision: str | None = None, move_to: Callable[[str], bool] | None = None) -> Decision:
+                            revision: str | None = None, move_to: Callable[[str], bool] | None = None,
+                            tokens: float | None = None) -> Decision:
         """As the sync client's: every way out that is not an admission (timeout, an error, a
         cancellation such as ``asyncio.timeout``) leaves the book and withdraws the ticket."""
         deadline = time.monotonic() + timeout
         await self._know_policy()
         lane = self._lane(lane, agent)
         ask = dict(lane=lane, model=model, round_id=round_id, agent=agent, parent=parent, revision=revision,
-                   move_to=move_to)
+                   move_to=move_to, tokens=tokens)
         self._check_free(round_id)
         self._book.wait(lane, model, round_id)
         if self.background:
@@ -290,12 +291,13 @@ class AsyncAdmission(ClientBase):
     async def round(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
                     agent: str | None = None, parent: str | None = None,
                     revision: str | None = None,
-                    move_to: Callable[[str], bool] | None = None) -> AsyncIterator[AsyncRound]:
+                    move_to: Callable[[str], bool] | None = None,
+                    tokens: float | None = None) -> AsyncIterator[AsyncRound]:
         """As the sync client's; a nested ``round()`` in this task (or a task it starts) is this
         round's delegated sub-round."""
         d = self._own(await self.admit_waiting(lane=lane, model=model, round_id=round_id, timeout=timeout,
                                                agent=agent, parent=self._parent(parent), revision=revision,
-                                               move_to=move_to))
+                                               move_to=move_to, tokens=tokens))
         handle, started = AsyncRound(self, d), time.monotonic()  # type: ignore[arg-type]
         token, held = CURRENT_ROUND.set(d.round_id), CURRENT_HANDLE.set(handle)
         try:

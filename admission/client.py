@@ -154,14 +154,17 @@ class Admission(ClientBase):
                   now: float | None = None, draw: float | None = None, wait: bool = False,
                   parent: str | None = None, revision: int | None = None,
                   alternatives: list[str] | None = None, borrow: str | None = None,
-                  move_to: Callable[[str], bool] | None = None) -> Decision:
+                  move_to: Callable[[str], bool] | None = None, tokens: float | None = None) -> Decision:
         """Ask once. ``wait=True`` leaves a waiter ticket when refused (renewed by this pod's
         heartbeat). An unreachable Redis gives a refusal with reason ``admission-unavailable``.
         A refused try (``wait=False``) changes nothing: a waiter elsewhere keeps its place.
         ``lane`` may be left out when the policy names the agent's lane ([agents]).
         Refused on ``model``, the round moves to the first of the pool's alternatives that admits
         it, in one call: ``alternatives`` ranks them (default: a Thompson draw; [] = stay), and
-        ``move_to`` keeps only the pools the caller can run on (e.g. its SDK client's provider)."""
+        ``move_to`` keeps only the pools the caller can run on (e.g. its SDK client's provider).
+        ``tokens``: the round's size as the worker knows it (prompt and answer budget); the cap
+        line keeps it waiting while, at the pool's measured seconds per token, it would not end
+        before ``round_cap`` (design §4)."""
         self._know_policy()
         lane = self._lane(lane, agent)
         if alternatives is None and not borrow:
@@ -169,7 +172,7 @@ class Admission(ClientBase):
         wait = wait and not borrow  # a borrow never waits
         call = self.core.admit(lane=lane, model=model, round_id=round_id, agent=agent, now=now, draw=draw,
                                wait=wait, parent=parent, revision=revision, borrow=borrow,
-                               alternatives=alternatives or (), on_stats=self._note_stats)
+                               alternatives=alternatives or (), on_stats=self._note_stats, tokens=tokens)
         try:
             d = self._exec(call)
         except UNREACHABLE as exc:
@@ -284,7 +287,7 @@ class Admission(ClientBase):
 
     def admit_waiting(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
                       agent: str | None = None, parent: str | None = None, revision: str | None = None,
-                      move_to: Callable[[str], bool] | None = None) -> Decision:
+                      move_to: Callable[[str], bool] | None = None, tokens: float | None = None) -> Decision:
         """Ask, and when refused wait as a waiter until admitted or ``timeout`` (WaitTimeout).
         The waiter re-asks across the pool's alternatives, woken by a release on any of them.
         Every way out that is not an admission (timeout, an error, an interrupt) removes the
@@ -293,7 +296,7 @@ class Admission(ClientBase):
         self._know_policy()
         lane = self._lane(lane, agent)
         ask = dict(lane=lane, model=model, round_id=round_id, agent=agent, parent=parent, revision=revision,
-                   move_to=move_to)
+                   move_to=move_to, tokens=tokens)
         with self._cond:
             self._check_free(round_id)
             self._book.wait(lane, model, round_id)
@@ -357,14 +360,14 @@ class Admission(ClientBase):
     @contextlib.contextmanager
     def round(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
               agent: str | None = None, parent: str | None = None, revision: str | None = None,
-              move_to: Callable[[str], bool] | None = None) -> Iterator[Round]:
+              move_to: Callable[[str], bool] | None = None, tokens: float | None = None) -> Iterator[Round]:
         """Wait for a seat, keep it alive, release it on exit with the classified outcome.
         Inside, a nested ``round()`` is this round's delegated sub-round (``parent`` defaults to
         the round held here; ``parent=""`` for none). The round may run on an alternative of
         ``model``: ``handle.pool`` says where."""
         d = self._own(self.admit_waiting(lane=lane, model=model, round_id=round_id, timeout=timeout,
                                          agent=agent, parent=self._parent(parent), revision=revision,
-                                         move_to=move_to))
+                                         move_to=move_to, tokens=tokens))
         handle, started = Round(self, d), time.monotonic()
         token, held = CURRENT_ROUND.set(d.round_id), CURRENT_HANDLE.set(handle)
         try:

@@ -40,8 +40,8 @@ ERRORS = {
 ADMIT_REASONS = ("probe", "within-floor", "overdraft", "borrowed", "delegated", "same-intent")
 #: Why a round was refused, in the order the checks run; ``full`` is a borrow (or a lane below
 #: its floor on a measured pool) that finds no free slot, so no draw was made.
-REFUSE_REASONS = ("recovering", "provider-closed", "paused", "budget-reserve", "budget-spent", "behind-older", "reserved",
-                  "cost-guard", "fair-share", "full", "draw")
+REFUSE_REASONS = ("recovering", "provider-closed", "paused", "budget-reserve", "budget-spent", "behind-older",
+                  "cap-line", "reserved", "cost-guard", "fair-share", "full", "draw")
 #: Why a borrow was refused or shed (DESIGN §8, in the seed fixture's order), and a borrow for a
 #: revision older than its intent's watermark.
 FENCE_REASONS = ("reject_stale_primary_health", "reject_primary_depth", "reject_primary_retry_exhausted",

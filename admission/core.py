@@ -195,6 +195,20 @@ def _revision(revision: int | None, required: bool) -> str:
     return str(revision)
 
 
+#: The largest round size a round may declare (tokens), as the scripts check it.
+MAX_TOKENS = 1_000_000_000
+
+
+def _tokens(tokens: float | None) -> str:
+    """A round's declared size ('' = not declared): a finite number of tokens in [1, 1e9]."""
+    if tokens is None:
+        return ""
+    if (isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or not math.isfinite(tokens)
+            or not 1 <= tokens <= MAX_TOKENS):
+        raise BadArgument(f"tokens must be a finite number in [1, {MAX_TOKENS:.0e}], got {tokens!r}")
+    return repr(float(tokens)) if isinstance(tokens, float) else str(tokens)
+
+
 def _seconds(seconds: float, what: str = "seconds") -> str:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
         raise BadArgument(f"{what} must be a finite number >= 0, got {seconds!r}")
@@ -229,6 +243,7 @@ def decode_census(raw: Any) -> dict[str, Any]:
         p["mustYield"] = empty_list(p.get("mustYield"))
         p["alternatives"] = empty_list(p.get("alternatives"))
         p.setdefault("hardPinned", None)  # no hard-pinned round waits here
+        p.setdefault("capLine", None)  # no declared round running holds the pool under a line
         for k in ("budgetSpentUsd", "budgetLimitUsd", "budgetAt", "committedUsd"):
             p.setdefault(k, None)  # no budget today
         for lane in p["lanes"]:
@@ -257,17 +272,18 @@ class Core:
     def admit(self, *, lane: str | None, model: str, round_id: str, agent: str | None = None,
               now: float | None = None, draw: float | None = None, wait: bool = True,
               parent: str | None = None, revision: int | None = None, borrow: str | None = None,
-              alternatives: Iterable[str] = (), on_stats: Any = None) -> Call:
+              alternatives: Iterable[str] = (), on_stats: Any = None, tokens: float | None = None) -> Call:
         """``alternatives``: the pool's alternatives, best first (``rank``); ``on_stats`` receives
         the outcome counts of the alternatives the script looked at ({pool: (succ, fail, USD)}).
-        ``borrow``: run on this pool for ``model`` (the primary), behind the fence."""
+        ``borrow``: run on this pool for ``model`` (the primary), behind the fence. ``tokens``:
+        the round's size as the worker knows it (the cap line plans it to end before its cap)."""
         if draw is None:
             draw = self._uniform()
         elif isinstance(draw, bool) or not isinstance(draw, (int, float)) or not 0 <= draw < 1:
             raise BadArgument(f"draw must be a number in [0, 1), got {draw!r}")
         args = [round_id, lane or "", model, self.pod, agent or "", _now(now), repr(float(draw)),
                 "1" if wait and not borrow else "0", parent or "", _revision(revision, required=False),
-                borrow or "", *(() if borrow else alternatives)]
+                borrow or "", _tokens(tokens), *(() if borrow else alternatives)]
 
         def decode(r):
             status, reason, pool, rid, seq, lane_, est, running, slots, version, at, holder, asked, stats = r[:14]

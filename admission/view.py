@@ -24,6 +24,9 @@ legend
               round boundary (nothing is killed) until the owed slots are back; owed = those slots.
   bound       running + how many more rounds of the lane would start now.
   delegated   sub-rounds admitted at once on their parent's lane (the parent holds a seat).
+  cap line    the most rounds in flight at which every running round that declared its size
+              still ends before round_cap, by the seconds per token measured at each load: no
+              round starts past it (reason cap-line), nor one that would not end by its cap.
   starving    a closed provider with work waiting, a lane below its floor waiting longer than
               starved_after, or a hard-pinned round waiting that long."""
 
@@ -81,6 +84,8 @@ def render_census(doc: dict[str, Any]) -> str:
         if p.get("closedUntil"):
             state = (f"CLOSED ({p['closedWhy']}) until "
                      f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(p['closedUntil']))}Z, {state}")
+        if p.get("capLine"):  # the cap line: the declared rounds running end before their caps
+            state += f", cap line at {p['capLine']:.1f} rounds"
         if p.get("pausedUntil"):  # the provider's Retry-After
             state = f"PAUSED {p['pausedUntil'] - doc.get('at', 0):.0f}s (provider's Retry-After), {state}"
         lines.append(f"{p['pool']:<28} K̂ {_num(p['capacity']):>5}  K {_num(p['carryingCapacity']):>4}  "

@@ -18,14 +18,16 @@
            for (the primary), if the fence lets it (fence.lua), and never waits; a refusal or a
            shed changes nothing on the primary and is answered again while it lives
            (decision_ttl)
-  ARGV[12..] the pool's alternatives as the client ranked them (Thompson sampling, best first;
+  ARGV[12] tokens: the round's declared size ('' = not declared; else a number in [1, 1e9]): the
+           cap line (capline.lua) plans it to end before its cap
+  ARGV[13..] the pool's alternatives as the client ranked them (Thompson sampling, best first;
            at most 1000). Only the pool's configured alternatives are tried, in this order; a
            hard-pinned lane or agent tries none.
 
   Order (docs/design.md §5, §7, §8): 0 delegated (parent seated: admitted at once on the parent's
   lane, only a closed provider refuses it); then on the pool asked for and, while refused, on
   each ranked alternative: the fence on the borrowed plane (an alternative is a borrow), 1-2 the
-  provider's day, 3 oldest first, 4-8 the lane rules. The round is seated on the first candidate
+  provider's day, 3 oldest first, 3b the cap line, 4-8 the lane rules. The round is seated on the first candidate
   that admits it, in this one call; refused everywhere, it waits on the pool it asked for (the
   refusal is that pool's). A borrow (ARGV[11]) is decided on the borrowed pool alone, after the
   fence on both planes.
@@ -42,7 +44,8 @@
       looked at (what the client's next Thompson draw needs)
     status ADMITTED with reason probe | within-floor | overdraft | borrowed | delegated | same-intent
     status REFUSED  with reason recovering | provider-closed | paused | budget-reserve | budget-spent |
-                    behind-older | reserved | fair-share | cost-guard | full | draw; a borrow also
+                    behind-older | cap-line | reserved | fair-share | cost-guard | full | draw; a
+                    borrow also
                     reject_stale_primary_health | reject_primary_depth |
                     reject_primary_retry_exhausted | reject_stale_borrowed_health |
                     shed_borrowed_depth | shed_borrowed_retry | reject_stale_revision
@@ -58,6 +61,7 @@
 --@include "util"
 --@include "config"
 --@include "pool"
+--@include "capline"
 --@include "lanes"
 --@include "events"
 --@include "seats"
@@ -87,9 +91,10 @@ return run(function()
     check_pool(borrow)
     if borrow == asked then fail(ERR.BAD_ARG, 'a round cannot borrow the pool it asks for') end
   end
-  if #ARGV - 11 > MAX_CANDIDATES then fail(ERR.BAD_ARG, 'at most ' .. MAX_CANDIDATES .. ' alternatives') end
+  local tokens = check_tokens(ARGV[12])
+  if #ARGV - 12 > MAX_CANDIDATES then fail(ERR.BAD_ARG, 'at most ' .. MAX_CANDIDATES .. ' alternatives') end
   local ranked = {}
-  for i = 12, #ARGV do ranked[#ranked + 1] = check_name('alternative', ARGV[i]) end
+  for i = 13, #ARGV do ranked[#ranked + 1] = check_name('alternative', ARGV[i]) end
   local T = cfg.T
   -- validated: writes may start
 
@@ -198,6 +203,8 @@ return run(function()
       if oldest ~= id then return false, 'behind-older', false, p end
     end
     if g == 'probe' then return true, 'probe', true, p end
+    -- 3b. The cap line: the rounds running (and this one, if sized) end before their caps.
+    if cap_line_refuses(T, p, tokens) then return false, 'cap-line', false, p end
     local ok, why = decide(cfg, T, p, L, lane, u, guarded_at(m, 0))
     return ok, why, false, p
   end
@@ -241,10 +248,15 @@ return run(function()
     if not probe and p.pinnedSince and (pin or redis.call('ZCARD', key('pinned', pool)) == 0) then
       redis.call('HDEL', key('pool', pool), 'pinnedSince') -- served, or the pool serves and none is pinned
     elseif pinned_since then redis.call('HSET', key('pool', asked), 'pinnedSince', pinned_since) end
-    p.seq = redis.call('HINCRBY', key('pool', pool), 'seq', 1)
+    -- the load clock moves with the rounds that ran until now; seq and running in the same write
+    advance_clock(p, now)
+    p.seq = p.seq + 1
+    redis.call('HSET', key('pool', pool), 'seq', fmt(p.seq), 'running', p.running + 1, 'clockAt', fmt(p.clockAt),
+      'area', fmt(p.area), 'virt', fmt(p.virt))
     add_seat(cfg, pool, lane, id, {pod = pod, agent = agent, at = now, seq = p.seq, load = p.running + 1, parent = parent,
       rev = rev and fmt(rev) or '', probe = probe and '1' or '', delegated = delegated and parent or '',
-      movedFrom = (moved and borrow == '') and asked or '', borrowedFor = borrow ~= '' and asked or ''},
+      movedFrom = (moved and borrow == '') and asked or '', borrowedFor = borrow ~= '' and asked or '',
+      tokens = tokens, area0 = p.area, virt0 = p.virt, counted = true},
       now + T.lease_ttl)
     keep_sweep_before(marker, now + T.lease_ttl)
     if intent then -- the watermark moves up to this revision; an earlier refusal is superseded

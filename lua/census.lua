@@ -15,6 +15,7 @@
 --@include "events"
 --@include "seats"
 --@include "provider"
+--@include "capline"
 --@include "decide"
 --@include "fence"
 --@include "census"

@@ -26,6 +26,7 @@
 --@include "events"
 --@include "seats"
 --@include "provider"
+--@include "capline"
 --@include "outcome"
 
 return run(function()

@@ -21,12 +21,13 @@
     `<lane>|w` == tickets, `<lane>|d` == delegated seats; every ticket is in its own queue and
     every queue member is a ticket of that pool and lane; no id is both a seat and a ticket; no
     count is negative or not a number; the records name a lane and a pool; the sweep's marker
-    (config sweepAt) is not after the earliest lease.
+    (config sweepAt) is not after the earliest lease; sized:<p> holds exactly the seats of p that
+    declared a size (the cap line's index).
 
   Reply: JSON {ok, seats, tickets, problems: [{kind, ...}]} (kinds: seat-without-record,
     ticket-without-record, seat-not-leased, ticket-not-leased, bad-record, seat-and-ticket,
     pool-count, lane-count, negative, not-a-number, ticket-not-queued, queue-member-without-ticket,
-    queue-member-misplaced, pinned-not-waiting, sweep-marker-late, bad-config). An empty problem list may come back as {} (cjson).
+    queue-member-misplaced, pinned-not-waiting, sweep-marker-late, sized-index, bad-config). An empty problem list may come back as {} (cjson).
   Errors: ADM_BAD_ARG (KEYS[1])
 ]]
 --@include "codes"
@@ -172,6 +173,21 @@ return run(function()
     for _, id in ipairs(redis.call('ZRANGE', key('pinned', p), 0, -1)) do
       local t = tickets[id] or read_hash(key('ticket', id))
       if not t or t.pool ~= p then problem('pinned-not-waiting', {pool = p, id = id}) end
+    end
+    -- the cap line's index (capline.lua): exactly the seats of p that declared a size, by size
+    local sized, in_index = redis.call('ZRANGE', key('sized', p), 0, -1, 'WITHSCORES'), {}
+    for i = 1, #sized, 2 do
+      local s = seats[sized[i]]
+      in_index[sized[i]] = true
+      if not s or s.pool ~= p or tonumber(s.tokens) ~= tonumber(sized[i + 1]) then
+        problem('sized-index', {pool = p, id = sized[i]})
+      end
+    end
+    for _, id in ipairs(seat_ids) do
+      local s = seats[id]
+      if s and s.pool == p and s.tokens and s.tokens ~= '' and not in_index[id] then
+        problem('sized-index', {pool = p, id = id})
+      end
     end
     for _, f in ipairs({'running', 'waiting', 'moved'}) do
       local n = count(pk, pool_h, f)

@@ -25,6 +25,7 @@
 --@include "events"
 --@include "seats"
 --@include "provider"
+--@include "capline"
 --@include "decide"
 
 -- The provider's day first (a closed provider starts only its probe), then the lane rules with

@@ -35,6 +35,7 @@
 --@include "util"
 --@include "config"
 --@include "pool"
+--@include "capline"
 --@include "events"
 --@include "seats"
 --@include "provider"
@@ -71,7 +72,14 @@ return run(function()
 
   cost = check_cost(ARGV[6], s.lane, s.pool, at)
   local p = load_pool(cfg.T, s.pool)
-  local decreased = apply_outcome(cfg, p, s, id, now, outcome, seconds, cost, at, retry_after)
+  -- the cap line: the load clock moves with the rounds that ran until now (this one included); a
+  -- declared round that ended clean is a point of the fit
+  advance_clock(p, now)
+  local fields = SIGNAL_CLOCK_FIELDS
+  if outcome == 'clean' and s.tokens and s.tokens ~= '' and fit_release(p, s, now, seconds) then
+    fields = SIGNAL_FIT_FIELDS
+  end
+  local decreased = apply_outcome(cfg, p, s, id, now, outcome, seconds, cost, at, retry_after, fields)
   drop_seat(id, s, 'released')
   wake_if_waited(cfg, s.pool, p.waiting)
   event('released', 'round', id, 'pool', s.pool, 'lane', s.lane, 'outcome', outcome, 'seconds', fmt(seconds))

@@ -25,6 +25,7 @@
 --@include "events"
 --@include "seats"
 --@include "provider"
+--@include "capline"
 --@include "outcome"
 
 return run(function()

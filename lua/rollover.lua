@@ -20,6 +20,7 @@
 --@include "events"
 --@include "seats"
 --@include "provider"
+--@include "capline"
 --@include "decide"
 --@include "fence"
 --@include "census"

@@ -1,8 +1,9 @@
 --[[
   tick — the pool clock. Every pod's background clock calls it; it is idempotent: at most one
   growth step per pool per interval takes effect across all pods. It sweeps a bounded number of
-  expired leases (dead pods), takes the growth steps that are due, wakes the waiters of pools
-  with free slots, and refreshes the census at most once per grow_interval.
+  expired leases (dead pods), moves each pool's load clock and sets its cap line's ceiling
+  (capline.lua), takes the growth steps that are due, wakes the waiters of pools with free slots,
+  and refreshes the census at most once per grow_interval.
 
   KEYS[1]  adm:{<mesh>}:config
   ARGV[1]  now ('' = Redis TIME)
@@ -17,6 +18,7 @@
 --@include "util"
 --@include "config"
 --@include "pool"
+--@include "capline"
 --@include "lanes"
 --@include "events"
 --@include "seats"
@@ -36,6 +38,12 @@ return run(function()
   local grew = {}
   for _, pool in ipairs(catalog()) do
     local p = load_pool(T, pool)
+    -- the cap line: the load clock and the ceiling of the declared rounds running (capline.lua)
+    if p.clockAt > 0 then
+      advance_clock(p, now)
+      p.ceiling = ceiling_of(T, p, now)
+      save_pool(p, CEILING_FIELDS)
+    end
     if grow(T, p, now) then
       save_pool(p, GROW_FIELDS)
       grew[#grew + 1] = pool

@@ -223,3 +223,21 @@ def test_a_sweep_marker_after_a_lease_is_reported(redis_client):
     assert _check(redis_client).kinds() == {"sweep-marker-late"}
     redis_client.hset(P + "config", "sweepAt", repr(first))    # at the earliest lease: fine
     assert _check(redis_client).ok
+
+
+@pytest.mark.corrupts_state
+def test_the_cap_lines_index_out_of_step_with_the_seats_is_reported(redis_client):
+    """sized:<p> (capline.lua) must hold exactly the seats of p that declared a size: a member left
+    behind, a declared seat missing from it, or one at another size is reported."""
+    a, _ = _setup(redis_client)
+    d = a.try_admit(lane="b", model=N, round_id="big", draw=0.0, tokens=40_000)
+    assert d.admitted and _check(redis_client).ok
+    redis_client.zadd(P + "sized:" + N, {"ghost": 5})
+    (problem,) = _check(redis_client).problems
+    assert problem == {"kind": "sized-index", "pool": N, "id": "ghost"}
+    redis_client.zrem(P + "sized:" + N, "ghost", "big")
+    assert [(p["kind"], p["id"]) for p in _check(redis_client).problems] == [("sized-index", "big")]
+    redis_client.zadd(P + "sized:" + N, {"big": 39_999})
+    assert _check(redis_client).kinds() == {"sized-index"}
+    redis_client.zadd(P + "sized:" + N, {"big": 40_000})
+    assert _check(redis_client).ok

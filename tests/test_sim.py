@@ -291,8 +291,10 @@ def test_provider_day_with_the_rules_stops_lanes_in_reserve_order_without_a_stor
     # the lanes stop in reserve order: triage (30 %) first, express (0) last and never for a reserve.
     # (A lane is seen to stop when it next asks: reviews arrive at random and may first ask once
     # the day is spent, so they are only checked against express.)
-    assert stop["triage"] == min(stop.values())
-    assert stop["triage"] <= stop["bugfix"] <= stop["babysitter"] <= stop["express"]
+    # triage asks every four minutes, so it is seen to stop up to one period after it stopped
+    seen = load.TRIAGE_EVERY / 3600.0
+    assert stop["triage"] <= min(stop.values()) + seen
+    assert stop["triage"] <= stop["bugfix"] + seen and stop["bugfix"] <= stop["babysitter"] <= stop["express"]
     assert stop["reviews"] <= stop["express"] or why["reviews"] == "budget-spent"   # it asked once all had stopped
     assert all(why[l] in ("budget-reserve", "budget-spent") for l in ("triage", "bugfix", "reviews", "babysitter"))
     assert why["express"] in ("budget-spent", "provider-closed", "403")
@@ -369,8 +371,13 @@ def test_provider_day_the_policys_budget_holds_when_the_key_allows_more(backend)
                              hours=SHORT_HOURS)
     f = simulate(sc, "with-rules", rng_for(1, "provider-day", 0), backend=backend).figures()
     assert f["closed_by"] == "budget_reached"           # the admission's own ledger closed it
-    # what was running at the closure may still finish (about a round); nothing starts after it
-    assert f["over_policy_limit_usd"] <= 1.0, f        # no probe while our own count says it is spent
+    # what was running at the closure may still finish; nothing starts after it (no probe while our
+    # own count says the day is spent): the spend past the policy's limit is at most what the key
+    # had counted past it at the closure plus what the rounds then in flight could still bill
+    over_at_closure = max(0.0, f["spent_usd_at_closure"] - f["policy_limit_usd"])
+    assert f["over_policy_limit_usd"] <= over_at_closure + f["in_flight_usd_at_closure"] + 1e-9, f
+    assert f["spend_total_usd"] <= f["spent_usd_at_closure"] + f["in_flight_usd_at_closure"] + 1e-9, f
+    assert f["over_policy_limit_usd"] <= 2.0, f        # a few rounds' worth at most
     assert f["probes_clean"] == 0
 
 

@@ -80,6 +80,7 @@ local function census_pool(cfg, T, pool, now, day, starving, p, L, in_flight)
   return {pool = pool, provider = provider, capacity = p.est, slots = C, carryingCapacity = p.cap,
     exhausted = p.exhausted == 1, exhaustedAt = p.exhaustedAt, why = p.why, slowStart = p.exhausted ~= 1,
     probingFrom = p.probeFrom, probeRuns = p.probeRuns, probeBackoff = probe_backoff(p),
+    capLine = p.ceiling > 0 and p.ceiling or nil, -- capline.lua: the ceiling of the declared rounds
     free = math.max(0, C - p.running), running = p.running, waiting = p.waiting, successes = p.succ,
     failures = p.fail, meanSeconds = p.meanSec, meanCostUsd = p.meanCost / 1e6, seq = p.seq,
     lanes = lanes, owed = owed, mustYield = owed > 0 and borrowers or {},

@@ -149,8 +149,8 @@ end
 local function in_a_row(cfg, T, p, r, lane, run, g_me, wanted, m)
   local R0, C, me = p.running, slots(p), cfg.lane[lane]
   local function admits(k)
-    return budget_ok(m, k) and (decide_at(cfg, T, {running = R0 + k, est = p.est, exhausted = p.exhausted}, r,
-      lane, run + k, g_me, nil, guarded_at(m, k)))
+    return budget_ok(m, k) and under_ceiling(p, R0 + k) and (decide_at(cfg, T,
+      {running = R0 + k, est = p.est, exhausted = p.exhausted}, r, lane, run + k, g_me, nil, guarded_at(m, k)))
   end
   local k0 = math.max(0, g_me - run) -- newcomers within the floor
   local n
@@ -168,6 +168,8 @@ local function in_a_row(cfg, T, p, r, lane, run, g_me, wanted, m)
     if kg then n = math.min(n, kg) end -- the cost guard stops the borrowers
     n = math.max(n, k0)
   end
+  -- the cap line (capline.lua) stops every newcomer, within its floor too
+  if p.ceiling > 0 then n = math.min(n, math.max(R0 < 1 and 1 or 0, math.floor(p.ceiling) - R0)) end
   if m then -- the budget stops every newcomer, within its floor too
     local kb
     if m.mc > 0 then kb = first_reach(-m.left, m.mc, -math.max(m.reserve_line, m.mc))

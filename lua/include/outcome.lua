@@ -8,6 +8,11 @@ local OUTCOMES = {clean = true, rate_limited = true, stall = true, round_cap = t
 local SIGNALS = {rate_limited = true, stall = true, round_cap = true,
   key_daily_limit = true, budget_reached = true, credit = true, key_rejected = true}
 local SIGNAL_FIELDS = {'succ', 'fail', 'meanSec', 'meanCost', 'priced', 'clean'}
+-- what a release saves of its pool: the outcome's fields and the cap line's clock, and its fit
+-- when the round was a point of it (capline.lua)
+local SIGNAL_CLOCK_FIELDS = {'succ', 'fail', 'meanSec', 'meanCost', 'priced', 'clean', 'clockAt', 'area', 'virt'}
+local SIGNAL_FIT_FIELDS = {'succ', 'fail', 'meanSec', 'meanCost', 'priced', 'clean', 'clockAt', 'area', 'virt', 'fitW',
+  'fitX', 'fitY', 'fitXX', 'fitXY', 'fitN', 'fitLo', 'fitHi'}
 
 -- The spend ledger: `spend:<day>` hash, `<lane>|<provider>` -> micro-USD, and `*|<provider>` the
 -- provider's total (the budget reads it in O(1)). Every booking has an idempotency key,
@@ -109,8 +114,9 @@ end
 -- The end of a round: its outcome, duration and price. A load signal the round's watchdog
 -- already reported mid-round is not applied twice: that report moved holdSeq to or past the
 -- seat's seq, so once-per-burst holds it. A probe that ends clean reopens its provider.
--- Returns true when the estimate decreased.
-local function apply_outcome(cfg, p, s, id, now, outcome, seconds, cost_micro, at, retry_after)
+-- `more`: further pool fields the caller changed, saved in the same write. Returns true when the
+-- estimate decreased.
+local function apply_outcome(cfg, p, s, id, now, outcome, seconds, cost_micro, at, retry_after, more)
   local decreased = signal(cfg, p, now, outcome, tonumber(s.seq), tonumber(s.load), s.signalled == outcome,
     retry_after)
   if outcome == 'clean' then
@@ -127,6 +133,6 @@ local function apply_outcome(cfg, p, s, id, now, outcome, seconds, cost_micro, a
     p.priced = math.min(p.priced + 1, 1000000)
     book(id, s.seq, 'release', s.lane, p.name, at, cost_micro)
   end
-  save_pool(p, SIGNAL_FIELDS)
+  save_pool(p, more or SIGNAL_FIELDS)
   return decreased
 end

@@ -5,9 +5,11 @@
 --   succ, fail, meanSec, meanCost (micro-USD), running, waiting; moved (running here after a
 --   move), movedIn and movedOut (moves ever, to and from this pool); probeFrom (K before the
 --   upward probe in progress, 0 = none), probeFails (probes refused in a row: the back-off),
---   probeRuns (rounds admitted above probeFrom since the probe began).
+--   probeRuns (rounds admitted above probeFrom since the probe began); the cap line's load clock,
+--   fit and ceiling (capline.lua).
 local POOL_NUM = {'est', 'cap', 'slow', 'exhausted', 'exhaustedAt', 'seq', 'holdSeq', 'lastGrow',
-  'clean', 'atCap', 'probeFrom', 'probeFails', 'probeRuns', 'lastDemand', 'succ', 'fail', 'meanSec', 'meanCost', 'running', 'waiting', 'priced', 'moved', 'movedIn', 'movedOut', 'pausedUntil'}
+  'clean', 'atCap', 'probeFrom', 'probeFails', 'probeRuns', 'lastDemand', 'succ', 'fail', 'meanSec', 'meanCost', 'running', 'waiting', 'priced', 'moved', 'movedIn', 'movedOut', 'pausedUntil',
+  'clockAt', 'area', 'virt', 'fitW', 'fitX', 'fitY', 'fitXX', 'fitXY', 'fitN', 'fitLo', 'fitHi', 'ceiling'}
 
 local function load_pool(T, pool)
   local raw = redis.call('HGETALL', key('pool', pool))

@@ -3,7 +3,10 @@
 --   seat:<id>        hash: lane, pool, pod, agent, at, seq, parent, rev, delegated (delegatedBy: the
 --                    parent's id), movedFrom (the pool it asked for, when it runs on an
 --                    alternative), borrowedFor (the primary a borrow runs for), signalled, probe,
---                    load (rounds running on the pool when admitted, itself included)
+--                    load (rounds running on the pool when admitted, itself included), tokens
+--                    (its declared size, '' = none), area0 and virt0 (the pool's load clock when
+--                    it was admitted: capline.lua)
+--   sized:<p>        sorted set: the declared rounds running on p -> tokens (capline.lua)
 --   tickets          sorted set: ticket id -> lease expiry
 --   ticket:<id>      hash: lane, pool, pod, agent, since
 --   wait:<p>:<lane>  sorted set: ticket id -> enqueue time (oldest first)
@@ -16,15 +19,18 @@
 -- Uses events.lua (a swept seat is an `expired` event): include it before this file.
 local GONE_TTL = 86400
 
+-- `s.counted`: the caller wrote the pool's running already (admit, with its other pool fields).
 local function add_seat(cfg, pool, lane, id, s, lease_until)
   redis.call('HSET', key('seat', id), 'lane', lane, 'pool', pool, 'pod', s.pod, 'agent', s.agent or '',
     'at', fmt(s.at), 'seq', s.seq, 'parent', s.parent or '', 'rev', s.rev or '',
-    'delegated', s.delegated or '', 'movedFrom', s.movedFrom or '', 'borrowedFor', s.borrowedFor or '', 'signalled', s.signalled or '', 'probe', s.probe or '', 'load', s.load or '')
+    'delegated', s.delegated or '', 'movedFrom', s.movedFrom or '', 'borrowedFor', s.borrowedFor or '', 'signalled', s.signalled or '', 'probe', s.probe or '', 'load', s.load or '',
+    'tokens', s.tokens and fmt(s.tokens) or '', 'area0', s.area0 and fmt(s.area0) or '', 'virt0', s.virt0 and fmt(s.virt0) or '')
   redis.call('ZADD', key('seats'), lease_until, id)
+  if s.tokens then redis.call('ZADD', key('sized', pool), s.tokens, id) end
   redis.call('HINCRBY', key('lanes', pool), lane, 1)
   if s.delegated and s.delegated ~= '' then redis.call('HINCRBY', key('lanes', pool), lane .. '|d', 1) end
   if s.movedFrom and s.movedFrom ~= '' then redis.call('HINCRBY', key('pool', pool), 'moved', 1) end
-  redis.call('HINCRBY', key('pool', pool), 'running', 1)
+  if not s.counted then redis.call('HINCRBY', key('pool', pool), 'running', 1) end
 end
 
 local function read_hash(k)
@@ -39,6 +45,7 @@ end
 local function drop_seat(id, s, state)
   redis.call('DEL', key('seat', id))
   redis.call('ZREM', key('seats'), id)
+  if s.tokens and s.tokens ~= '' then redis.call('ZREM', key('sized', s.pool), id) end
   redis.call('HINCRBY', key('lanes', s.pool), s.lane, -1)
   if s.delegated and s.delegated ~= '' then redis.call('HINCRBY', key('lanes', s.pool), s.lane .. '|d', -1) end
   if s.movedFrom and s.movedFrom ~= '' then redis.call('HINCRBY', key('pool', s.pool), 'moved', -1) end

@@ -96,6 +96,7 @@ class DaySim(Sim):
         # when the count reached the limit: the rounds in flight (the one whose request reached it
         # included) and the most they could still be billed
         self.at_limit: tuple[int, float] | None = None
+        self.at_closure: tuple[float, float] | None = None  # (key's count, in flight USD) at the first closure
         self.resumed: float | None = None    # first round served after midnight
         self._reasks: dict[tuple[str, str], float] = {}  # (pod, pool) -> when its waiters ask again
         # moving between providers: per lane, when it asked, moved, was admitted other than as a
@@ -295,6 +296,13 @@ class DaySim(Sim):
                         if self.key_of(r.pool) is not self.key:
                             self.elsewhere_at_closure[r.lane] = self.elsewhere_at_closure.get(r.lane, 0) + 1
                     self._push(self.now + CENSUS_EVERY, CENSUS, None)
+                if not self.closures:
+                    # the key's count then, and what the rounds in flight on it can still bill:
+                    # past this, the day's spend can only grow by rounds started after the closure
+                    price = self.key.price / 1000.0
+                    running = [r for r in self.rounds.values() if self.key_of(r.pool) is self.key]
+                    self.at_closure = (self.key.totals(int(EPOCH // model.DAY))["spent"],
+                                       sum((r.tokens - r.billed) * price for r in running))
                 self.closures.append((self.now, st["why"]))
                 if self.trace is not None:
                     self.trace.points["closures"].append((self.now, st["why"]))
@@ -379,6 +387,8 @@ class DaySim(Sim):
             "limit_reached_hour": hour(reached),
             "in_flight_at_limit": None if self.at_limit is None else self.at_limit[0],
             "in_flight_usd_at_limit": None if self.at_limit is None else self.at_limit[1],
+            "spent_usd_at_closure": None if self.at_closure is None else self.at_closure[0],
+            "in_flight_usd_at_closure": None if self.at_closure is None else self.at_closure[1],
             "provider_403": self.n403,
             "fast_403": self.fast403,
             "fast_403_probes": self.fast403_probes,

@@ -279,8 +279,9 @@ class SeedAndGrow(Policy):
         self.waiting: dict[str, dict[tuple[str, str], deque]] = {pod: {} for pod in sim.pods}
 
     def _ask(self, rnd, now):
+        # the round's size, as the worker knows it (the seed gives each kind's): the cap line
         d = self.adm[rnd.pod].try_admit(lane=rnd.lane, model=rnd.pool, round_id=rnd.id, now=now,
-                                        draw=self.sim.draw(), wait=True)
+                                        draw=self.sim.draw(), wait=True, tokens=rnd.tokens)
         self.est[(self.mesh[rnd.pod], d.pool)] = d.estimate  # the pool it runs or waits on
         self.sim.on_decision(rnd, d)
         if d.admitted:

@@ -1,0 +1,113 @@
+-- The cap line (docs/design.md §4 "The cap line"): a round that declares its size (tokens, at
+-- admit) is planned to end before its cap. What the pool measures, in `pool:<p>`:
+--   clockAt, area, virt  the load clock: area = ∫ running dt; virt = ∫ r̂(running) dt, the tokens one
+--                        round has received since the clock began, by the fit (0 while no fit)
+--   fitW fitX fitY fitXX fitXY fitN fitLo fitHi  a least-squares fit of seconds per token (y)
+--                        against the mean rounds in flight during the round (x), from the clean
+--                        releases of declared rounds, older ones weighted down (FIT_DECAY); fitLo
+--                        and fitHi: the range of x seen
+--   ceiling              the most rounds in flight at which every declared round running still
+--                        ends by CAP_SHARE of round_cap, by the fit and its progress so far (0 =
+--                        no line); the tick computes it
+-- and `sized:<p>`, a sorted set of the declared rounds running there (seat id -> tokens). A seat
+-- keeps tokens, area0 and virt0 (the clock when it was admitted).
+-- Seconds per token growing linearly with the rounds in flight is processor sharing with a cost
+-- per round; the fit's two numbers are measured, nothing of a provider is assumed beyond that.
+local CAP_SHARE = 0.95 -- plan to end by 95 % of the cap: the fit and the ceiling lag by a tick
+local FIT_DECAY = 0.95 -- a point's weight after each newer one (about the last 20 rounds count)
+local FIT_MIN_POINTS = 3
+local FIT_MIN_SPREAD = 1 -- rounds in flight between the least and the most loaded point
+local SIZED_SCAN = 1000 -- the tick reads at most this many declared rounds per pool (largest first)
+local MAX_TOKENS = 1e9
+local CEILING_FIELDS = {'clockAt', 'area', 'virt', 'ceiling'}
+
+-- A declared size: '' = none (nil), else a finite number in [1, MAX_TOKENS].
+local function check_tokens(s)
+  if s == nil or s == '' then return nil end
+  local x = check_num('tokens', s, nil, 1)
+  if x > MAX_TOKENS then fail(ERR.BAD_ARG, 'tokens must be at most 1e9, got ' .. s) end
+  return x
+end
+
+-- The fit {a, b}: seconds per token = a + b * rounds in flight; nil until it has its points and
+-- spread, or when rounds are not slower at more load (then the load does not decide their end).
+local function fit_of(p)
+  if p.fitN < FIT_MIN_POINTS or p.fitHi - p.fitLo < FIT_MIN_SPREAD then return nil end
+  local d = p.fitW * p.fitXX - p.fitX * p.fitX
+  if d <= 1e-12 * p.fitW * p.fitW then return nil end
+  local b = (p.fitW * p.fitXY - p.fitX * p.fitY) / d
+  if b <= 0 then return nil end
+  return {a = (p.fitY - b * p.fitX) / p.fitW, b = b}
+end
+
+-- Tokens per second of one round at n rounds in flight, by the fit.
+local function rate_at(f, n)
+  return 1 / math.max(1e-9, f.a + f.b * n)
+end
+
+-- Move the load clock to `now` with the rounds that ran since (p.running, before any change).
+local function advance_clock(p, now)
+  if p.clockAt > 0 and now > p.clockAt then
+    local dt = now - p.clockAt
+    p.area = p.area + p.running * dt
+    local f = p.running > 0 and fit_of(p)
+    if f then p.virt = p.virt + rate_at(f, p.running) * dt end
+  end
+  if now > p.clockAt then p.clockAt = now end
+end
+
+-- Whether the ceiling lets one more round start on p with `running` rounds in flight. A round
+-- alone on its pool always starts (nothing else to wait for).
+local function under_ceiling(p, running)
+  return running < 1 or p.ceiling <= 0 or running + 1 <= math.floor(p.ceiling)
+end
+
+-- Check 3b: refused ('cap-line') when one more round would take the pool past its ceiling, or a
+-- round of `tokens` would not end by CAP_SHARE of the cap at the load it makes.
+local function cap_line_refuses(T, p, tokens)
+  if p.running < 1 then return false end
+  if not under_ceiling(p, p.running) then return true end
+  if tokens then
+    local f = fit_of(p)
+    if f and tokens > rate_at(f, p.running + 1) * CAP_SHARE * T.round_cap then return true end
+  end
+  return false
+end
+
+-- A clean release of a declared round adds its point to the fit (the clock already advanced);
+-- true when it did.
+local function fit_release(p, s, now, seconds)
+  local tokens, at = tonumber(s.tokens), tonumber(s.at)
+  if not tokens or not at or seconds <= 0 or now <= at then return false end
+  local x = (p.area - (tonumber(s.area0) or p.area)) / (now - at)
+  local y = seconds / tokens
+  p.fitW = p.fitW * FIT_DECAY + 1
+  p.fitX = p.fitX * FIT_DECAY + x
+  p.fitY = p.fitY * FIT_DECAY + y
+  p.fitXX = p.fitXX * FIT_DECAY + x * x
+  p.fitXY = p.fitXY * FIT_DECAY + x * y
+  if p.fitN == 0 then p.fitLo, p.fitHi = x, x else p.fitLo, p.fitHi = math.min(p.fitLo, x), math.max(p.fitHi, x) end
+  p.fitN = math.min(p.fitN + 1, 1e6)
+  return true
+end
+
+-- The ceiling of pool p now (0 = none): for each declared round running, the most rounds in
+-- flight at which its tokens still to come arrive by CAP_SHARE of the cap; the least of them,
+-- at least 1. A round past that share of its cap no longer binds (it ends or is cut either way).
+local function ceiling_of(T, p, now)
+  local f = fit_of(p)
+  if not f then return 0 end
+  local sized = redis.call('ZRANGE', key('sized', p.name), -SIZED_SCAN, -1, 'WITHSCORES')
+  local m = math.huge
+  for i = 1, #sized, 2 do
+    local v = redis.call('HMGET', key('seat', sized[i]), 'at', 'virt0')
+    local at, virt0 = tonumber(v[1]), tonumber(v[2])
+    if at and virt0 then
+      local left = CAP_SHARE * T.round_cap - (now - at)
+      local need = (tonumber(sized[i + 1]) - (p.virt - virt0)) / math.max(left, 1e-9)
+      if left > 0 and need > 0 then m = math.min(m, (1 / need - f.a) / f.b) end
+    end
+  end
+  if m == math.huge then return 0 end
+  return math.max(1, m)
+end
