@@ -46,7 +46,7 @@ PODS = 4
 # (engine.EPOCH); the window runs to 00:30 UTC, half an hour past the key's reset at midnight.
 DAY_HOURS = 16.5                 # 08:00 to 00:30 UTC
 #: the key's daily limit (and the policy's daily_limit_usd with the rules): without the rules the
-#: load reaches it at 14:49 on average (seed 1, ten runs), as on the seed's day (14:47). It was
+#: load reaches it at 14:48 on average (seed 1, ten runs), as on the seed's day (14:47). It was
 #: 155 until the estimate stopped ratcheting K down on stalls (design §4): the provider then
 #: serves more of the load and reached 155 at 13:55
 KEY_DAILY_LIMIT_USD = 178.0
