@@ -224,6 +224,7 @@ GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
     "admission_pool_mean_round_cost_usd": (POOL, "Mean cost of the pool's priced rounds."),
     "admission_pool_owed": (POOL, "Slots borrowing lanes owe to lanes below their floor."),
     "admission_pool_hard_pinned_waiting": (POOL, "Hard-pinned rounds waiting for the pool."),
+    "admission_pool_cap_line": (POOL, "The cap line: most rounds in flight at which the running declared rounds end before their caps (0 = no line)."),
     "admission_budget_spent_usd": (("mesh", "provider"), "The provider's spend today (UTC)."),
     "admission_budget_limit_usd": (("mesh", "provider"), "The provider's daily limit today (UTC)."),
     "admission_budget_committed_usd": (("mesh", "provider"), "Spend committed by the provider's rounds in flight."),
@@ -315,7 +316,8 @@ class CensusCollector:
                                 ("paused_until_timestamp_seconds", p.get("pausedUntil") or 0),
                                 ("running_moved", p.get("moved")), ("mean_round_seconds", p.get("meanSeconds")),
                                 ("mean_round_cost_usd", p.get("meanCostUsd")), ("owed", p.get("owed")),
-                                ("hard_pinned_waiting", (p.get("hardPinned") or {}).get("waiting", 0))):
+                                ("hard_pinned_waiting", (p.get("hardPinned") or {}).get("waiting", 0)),
+                                ("cap_line", p.get("capLine") or 0)):
                 g[f"admission_pool_{name}"].add_metric(labels, _num(value))
             for name, (field, _doc) in POOL_COUNTERS.items():
                 c[name].add_metric(labels, _num(p.get(field)))

@@ -419,6 +419,10 @@ MUTATIONS = [
      "test_rules_capline.py", "fits_seconds_per_token"),
     ("the doctor reports an index member that is no declared seat", "doctor.lua",
      "        problem('sized-index', {pool = p, id = sized[i]})\n", "", "test_doctor.py", "cap_lines_index"),
+    ("the census text shows the cap line", "admission/view.py",
+     "state += f\", cap line at {p['capLine']:.1f} rounds\"", "pass", "test_rules_capline.py", "ceiling_holds"),
+    ("operators read the cap line in the metrics", "admission/serve.py", '("cap_line", p.get("capLine") or 0)',
+     '("cap_line", 0)', "test_rules_capline.py", "metrics"),
     ("the doctor reports a declared seat missing from the index", "doctor.lua",
      "        problem('sized-index', {pool = p, id = id})\n", "", "test_doctor.py", "cap_lines_index"),
 ]

@@ -111,6 +111,24 @@ def test_cap_line_ceiling_holds_the_pool_under_the_line_of_its_running_rounds(re
     assert f"cap line at {line:.1f} rounds" in render_census(census)  # what an operator reads
 
 
+def test_cap_line_operators_read_it_in_the_metrics(redis_client):
+    from test_serve import get, samples, serving, value
+
+    a, t = trained(redis_client)
+    assert a.try_admit(lane="a", model=POOL, round_id="big", now=t, draw=0.0, tokens=50_000).admitted
+    a.tick(now=t)
+    line = float(pool_state(redis_client)["ceiling"])
+    refused = [a.try_admit(lane="a", model=POOL, round_id=f"s{i}", now=t, draw=0.0) for i in range(int(line) + 1)]
+    assert refused[-1].reason == "cap-line"
+    with serving(redis_client) as (base, _srv):
+        found = samples(get(base + "/metrics")[2])
+    pool = {"mesh": "t", "pool": POOL, "provider": "p"}
+    assert value(found, "admission_pool_cap_line", **pool) == pytest.approx(line)
+    kept_out = sum(d.reason == "cap-line" for d in refused)
+    assert kept_out == 2  # one round running, floor(line) - 1 more started, the last two kept out
+    assert value(found, "admission_refused_total", mesh="t", pool=POOL, lane="a", reason="cap-line") == kept_out
+
+
 def test_cap_line_a_round_behind_lowers_the_ceiling_and_one_past_its_share_of_the_cap_frees_it(redis_client):
     a, t = trained(redis_client)
     tokens = 50_000.0
