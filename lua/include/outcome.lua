@@ -28,8 +28,14 @@ local MAX_LEDGER_MICRO = 2 ^ 53
 
 -- The provider a pool's spend is booked to: the catalog's, or (a pool removed from the policy
 -- while its rounds ran) the part after '@' of its name.
+-- Read once per call: a release and a charge ask it for the same pool two or three times (the
+-- call's ARGV table tells one call from the next).
+local PROVIDER_OF = {}
 local function provider_of(pool)
-  return redis.call('HGET', KEYS[1], 'pool:' .. pool) or string.match(pool, '@([^@]*)$') or ''
+  if PROVIDER_OF.argv == ARGV and PROVIDER_OF.pool == pool then return PROVIDER_OF.provider end
+  local provider = redis.call('HGET', KEYS[1], 'pool:' .. pool) or string.match(pool, '@([^@]*)$') or ''
+  PROVIDER_OF.argv, PROVIDER_OF.pool, PROVIDER_OF.provider = ARGV, pool, provider
+  return provider
 end
 
 -- When a cost was incurred ('' = now): it decides the UTC day it is booked to. A replayed
