@@ -248,15 +248,20 @@ return run(function()
     if not probe and p.pinnedSince and (pin or redis.call('ZCARD', key('pinned', pool)) == 0) then
       redis.call('HDEL', key('pool', pool), 'pinnedSince') -- served, or the pool serves and none is pinned
     elseif pinned_since then redis.call('HSET', key('pool', asked), 'pinnedSince', pinned_since) end
-    -- the load clock moves with the rounds that ran until now; seq and running in the same write
-    advance_clock(p, now)
+    -- seq and running in one write; while declared rounds run (or this one declares), the cap
+    -- line's load clock moves with the rounds that ran until now (capline.lua)
     p.seq = p.seq + 1
-    redis.call('HSET', key('pool', pool), 'seq', fmt(p.seq), 'running', p.running + 1, 'clockAt', fmt(p.clockAt),
-      'area', fmt(p.area), 'virt', fmt(p.virt))
+    if tokens or p.sized > 0 then
+      advance_clock(p, now)
+      redis.call('HSET', key('pool', pool), 'seq', fmt(p.seq), 'running', p.running + 1,
+        'sized', p.sized + (tokens and 1 or 0), 'clockAt', fmt(p.clockAt), 'area', fmt(p.area), 'virt', fmt(p.virt))
+    else
+      redis.call('HSET', key('pool', pool), 'seq', fmt(p.seq), 'running', p.running + 1)
+    end
     add_seat(cfg, pool, lane, id, {pod = pod, agent = agent, at = now, seq = p.seq, load = p.running + 1, parent = parent,
       rev = rev and fmt(rev) or '', probe = probe and '1' or '', delegated = delegated and parent or '',
       movedFrom = (moved and borrow == '') and asked or '', borrowedFor = borrow ~= '' and asked or '',
-      tokens = tokens, area0 = p.area, virt0 = p.virt, counted = true},
+      tokens = tokens, area0 = tokens and p.area, virt0 = tokens and p.virt, counted = true},
       now + T.lease_ttl)
     keep_sweep_before(marker, now + T.lease_ttl)
     if intent then -- the watermark moves up to this revision; an earlier refusal is superseded

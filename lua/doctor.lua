@@ -22,7 +22,7 @@
     every queue member is a ticket of that pool and lane; no id is both a seat and a ticket; no
     count is negative or not a number; the records name a lane and a pool; the sweep's marker
     (config sweepAt) is not after the earliest lease; sized:<p> holds exactly the seats of p that
-    declared a size (the cap line's index).
+    declared a size (the cap line's index), and pool:<p> `sized` counts them.
 
   Reply: JSON {ok, seats, tickets, problems: [{kind, ...}]} (kinds: seat-without-record,
     ticket-without-record, seat-not-leased, ticket-not-leased, bad-record, seat-and-ticket,
@@ -118,7 +118,7 @@ return run(function()
 
   -- what the records say, per pool and lane
   local want = {}  -- pool -> {running, waiting, lanes = {lane -> {run, wait, deleg}}}
-  for _, p in ipairs(pools) do want[p] = {running = 0, waiting = 0, moved = 0, lanes = {}} end
+  for _, p in ipairs(pools) do want[p] = {running = 0, waiting = 0, moved = 0, sized = 0, lanes = {}} end
   local function lane_of(p, lane)
     local w = want[p].lanes[lane]
     if not w then
@@ -132,6 +132,7 @@ return run(function()
     if s and usable('seat', id, s) then
       want[s.pool].running = want[s.pool].running + 1
       if s.movedFrom and s.movedFrom ~= '' then want[s.pool].moved = want[s.pool].moved + 1 end
+      if s.tokens and s.tokens ~= '' then want[s.pool].sized = want[s.pool].sized + 1 end
       local w = lane_of(s.pool, s.lane)
       w.run = w.run + 1
       if s.delegated and s.delegated ~= '' then w.deleg = w.deleg + 1 end
@@ -189,7 +190,7 @@ return run(function()
         problem('sized-index', {pool = p, id = id})
       end
     end
-    for _, f in ipairs({'running', 'waiting', 'moved'}) do
+    for _, f in ipairs({'running', 'waiting', 'moved', 'sized'}) do
       local n = count(pk, pool_h, f)
       if n and n < 0 then problem('negative', {key = pk, field = f, value = n}) end
       if n and n ~= w[f] then problem('pool-count', {pool = p, field = f, stored = n, records = w[f]}) end

@@ -74,10 +74,13 @@ return run(function()
   local p = load_pool(cfg.T, s.pool)
   -- the cap line: the load clock moves with the rounds that ran until now (this one included); a
   -- declared round that ended clean is a point of the fit
-  advance_clock(p, now)
-  local fields = SIGNAL_CLOCK_FIELDS
-  if outcome == 'clean' and s.tokens and s.tokens ~= '' and fit_release(p, s, now, seconds) then
-    fields = SIGNAL_FIT_FIELDS
+  local fields = SIGNAL_FIELDS
+  if p.sized > 0 then
+    advance_clock(p, now)
+    fields = SIGNAL_CLOCK_FIELDS
+    if outcome == 'clean' and s.tokens and s.tokens ~= '' and fit_release(p, s, now, seconds) then
+      fields = SIGNAL_FIT_FIELDS
+    end
   end
   local decreased = apply_outcome(cfg, p, s, id, now, outcome, seconds, cost, at, retry_after, fields)
   drop_seat(id, s, 'released')

@@ -39,10 +39,13 @@ return run(function()
   for _, pool in ipairs(catalog()) do
     local p = load_pool(T, pool)
     -- the cap line: the load clock and the ceiling of the declared rounds running (capline.lua)
-    if p.clockAt > 0 then
+    if p.sized > 0 then
       advance_clock(p, now)
       p.ceiling = ceiling_of(T, p, now)
       save_pool(p, CEILING_FIELDS)
+    elseif p.ceiling ~= 0 then
+      p.ceiling = 0
+      save_pool(p, {'ceiling'})
     end
     if grow(T, p, now) then
       save_pool(p, GROW_FIELDS)

@@ -241,3 +241,8 @@ def test_the_cap_lines_index_out_of_step_with_the_seats_is_reported(redis_client
     assert _check(redis_client).kinds() == {"sized-index"}
     redis_client.zadd(P + "sized:" + N, {"big": 40_000})
     assert _check(redis_client).ok
+    redis_client.hset(P + "pool:" + N, "sized", 2)  # the pool's count of its declared rounds
+    (problem,) = _check(redis_client).problems
+    assert (problem["kind"], problem["field"], problem["stored"], problem["records"]) == ("pool-count", "sized", 2, 1)
+    redis_client.hset(P + "pool:" + N, "sized", 1)
+    assert _check(redis_client).ok

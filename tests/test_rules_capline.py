@@ -147,6 +147,23 @@ def test_cap_line_a_round_behind_lowers_the_ceiling_and_one_past_its_share_of_th
     assert float(pool_state(redis_client)["ceiling"]) == 0  # no line: it ends or is cut either way
 
 
+def test_cap_line_no_declared_round_running_no_line(redis_client):
+    a, t = trained(redis_client)
+    big = a.try_admit(lane="a", model=POOL, round_id="big", now=t, draw=0.0, tokens=50_000)
+    a.tick(now=t)
+    line = math.floor(float(pool_state(redis_client)["ceiling"]))
+    seats = [a.try_admit(lane="a", model=POOL, round_id=f"s{i}", now=t, draw=0.0) for i in range(line - 1)]
+    assert all(d.admitted for d in seats)
+    assert a.try_admit(lane="a", model=POOL, round_id="over", now=t, draw=0.0).reason == "cap-line"
+    a.release(big.seat, outcome="clean", seconds=10, now=t + 10)
+    # the ceiling is the tick's, but with no declared round running it binds nothing, even before the next tick
+    assert float(pool_state(redis_client)["ceiling"]) > 0
+    assert a.try_admit(lane="a", model=POOL, round_id="over", now=t + 10, draw=0.0).admitted
+    assert a.try_admit(lane="a", model=POOL, round_id="past", now=t + 10, draw=0.0).admitted  # past the old line
+    a.tick(now=t + 20)
+    assert float(pool_state(redis_client)["ceiling"]) == 0 and float(pool_state(redis_client)["sized"]) == 0
+
+
 def test_cap_line_sized_rounds_are_indexed_while_they_run(redis_client):
     a, t = trained(redis_client)
     key = "adm:{t}:sized:" + POOL

@@ -1,7 +1,10 @@
 -- The cap line (docs/design.md §4 "The cap line"): a round that declares its size (tokens, at
 -- admit) is planned to end before its cap. What the pool measures, in `pool:<p>`:
+--   sized                the declared rounds running there (what `sized:<p>` holds)
 --   clockAt, area, virt  the load clock: area = ∫ running dt; virt = ∫ r̂(running) dt, the tokens one
---                        round has received since the clock began, by the fit (0 while no fit)
+--                        round has received since the clock began, by the fit (0 while no fit). It
+--                        runs only while declared rounds run (only their differences are read), so
+--                        a pool whose rounds declare nothing pays nothing for it
 --   fitW fitX fitY fitXX fitXY fitN fitLo fitHi  a least-squares fit of seconds per token (y)
 --                        against the mean rounds in flight during the round (x), from the clean
 --                        releases of declared rounds, older ones weighted down (FIT_DECAY); fitLo
@@ -21,6 +24,15 @@ local SIZED_SCAN = 1000 -- the tick reads at most this many declared rounds per 
 local MAX_TOKENS = 1e9
 local CEILING_FIELDS = {'clockAt', 'area', 'virt', 'ceiling'}
 
+-- The clock's and the fit's fields as numbers (load_pool leaves them as read: an admit of a
+-- pool whose rounds declare nothing never needs them).
+local CLOCK_NUM = {'clockAt', 'area', 'virt', 'fitW', 'fitX', 'fitY', 'fitXX', 'fitXY', 'fitN', 'fitLo', 'fitHi'}
+local function clock_numbers(p)
+  if p.clockRead then return end
+  for _, f in ipairs(CLOCK_NUM) do p[f] = tonumber(p[f]) or 0 end
+  p.clockRead = true
+end
+
 -- A declared size: '' = none (nil), else a finite number in [1, MAX_TOKENS].
 local function check_tokens(s)
   if s == nil or s == '' then return nil end
@@ -32,6 +44,7 @@ end
 -- The fit {a, b}: seconds per token = a + b * rounds in flight; nil until it has its points and
 -- spread, or when rounds are not slower at more load (then the load does not decide their end).
 local function fit_of(p)
+  clock_numbers(p)
   if p.fitN < FIT_MIN_POINTS or p.fitHi - p.fitLo < FIT_MIN_SPREAD then return nil end
   local d = p.fitW * p.fitXX - p.fitX * p.fitX
   if d <= 1e-12 * p.fitW * p.fitW then return nil end
@@ -46,7 +59,13 @@ local function rate_at(f, n)
 end
 
 -- Move the load clock to `now` with the rounds that ran since (p.running, before any change).
+-- With no declared round running it only restarts at `now`: nothing reads what it would add.
 local function advance_clock(p, now)
+  clock_numbers(p)
+  if p.sized <= 0 then
+    p.clockAt = now
+    return
+  end
   if p.clockAt > 0 and now > p.clockAt then
     local dt = now - p.clockAt
     p.area = p.area + p.running * dt
@@ -57,9 +76,10 @@ local function advance_clock(p, now)
 end
 
 -- Whether the ceiling lets one more round start on p with `running` rounds in flight. A round
--- alone on its pool always starts (nothing else to wait for).
+-- alone on its pool always starts (nothing else to wait for); with no declared round running there
+-- is no line (a ceiling the tick has not cleared yet included).
 local function under_ceiling(p, running)
-  return running < 1 or p.ceiling <= 0 or running + 1 <= math.floor(p.ceiling)
+  return running < 1 or p.ceiling <= 0 or p.sized <= 0 or running + 1 <= math.floor(p.ceiling)
 end
 
 -- Check 3b: refused ('cap-line') when one more round would take the pool past its ceiling, or a
@@ -77,6 +97,7 @@ end
 -- A clean release of a declared round adds its point to the fit (the clock already advanced);
 -- true when it did.
 local function fit_release(p, s, now, seconds)
+  clock_numbers(p)
   local tokens, at = tonumber(s.tokens), tonumber(s.at)
   if not tokens or not at or seconds <= 0 or now <= at then return false end
   local x = (p.area - (tonumber(s.area0) or p.area)) / (now - at)
@@ -95,7 +116,7 @@ end
 -- flight at which its tokens still to come arrive by CAP_SHARE of the cap; the least of them,
 -- at least 1. A round past that share of its cap no longer binds (it ends or is cut either way).
 local function ceiling_of(T, p, now)
-  local f = fit_of(p)
+  local f = p.sized > 0 and fit_of(p)
   if not f then return 0 end
   local sized = redis.call('ZRANGE', key('sized', p.name), -SIZED_SCAN, -1, 'WITHSCORES')
   local m = math.huge

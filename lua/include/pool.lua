@@ -9,7 +9,7 @@
 --   fit and ceiling (capline.lua).
 local POOL_NUM = {'est', 'cap', 'slow', 'exhausted', 'exhaustedAt', 'seq', 'holdSeq', 'lastGrow',
   'clean', 'atCap', 'probeFrom', 'probeFails', 'probeRuns', 'lastDemand', 'succ', 'fail', 'meanSec', 'meanCost', 'running', 'waiting', 'priced', 'moved', 'movedIn', 'movedOut', 'pausedUntil',
-  'clockAt', 'area', 'virt', 'fitW', 'fitX', 'fitY', 'fitXX', 'fitXY', 'fitN', 'fitLo', 'fitHi', 'ceiling'}
+  'sized', 'ceiling'} -- the cap line's clock and fit: read as numbers only when used (capline.lua)
 
 local function load_pool(T, pool)
   local raw = redis.call('HGETALL', key('pool', pool))

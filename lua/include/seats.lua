@@ -23,10 +23,12 @@ local GONE_TTL = 86400
 local function add_seat(cfg, pool, lane, id, s, lease_until)
   redis.call('HSET', key('seat', id), 'lane', lane, 'pool', pool, 'pod', s.pod, 'agent', s.agent or '',
     'at', fmt(s.at), 'seq', s.seq, 'parent', s.parent or '', 'rev', s.rev or '',
-    'delegated', s.delegated or '', 'movedFrom', s.movedFrom or '', 'borrowedFor', s.borrowedFor or '', 'signalled', s.signalled or '', 'probe', s.probe or '', 'load', s.load or '',
-    'tokens', s.tokens and fmt(s.tokens) or '', 'area0', s.area0 and fmt(s.area0) or '', 'virt0', s.virt0 and fmt(s.virt0) or '')
+    'delegated', s.delegated or '', 'movedFrom', s.movedFrom or '', 'borrowedFor', s.borrowedFor or '', 'signalled', s.signalled or '', 'probe', s.probe or '', 'load', s.load or '')
   redis.call('ZADD', key('seats'), lease_until, id)
-  if s.tokens then redis.call('ZADD', key('sized', pool), s.tokens, id) end
+  if s.tokens then -- a declared round (capline.lua): its size and the load clock now; the caller counted it
+    redis.call('HSET', key('seat', id), 'tokens', fmt(s.tokens), 'area0', fmt(s.area0), 'virt0', fmt(s.virt0))
+    redis.call('ZADD', key('sized', pool), s.tokens, id)
+  end
   redis.call('HINCRBY', key('lanes', pool), lane, 1)
   if s.delegated and s.delegated ~= '' then redis.call('HINCRBY', key('lanes', pool), lane .. '|d', 1) end
   if s.movedFrom and s.movedFrom ~= '' then redis.call('HINCRBY', key('pool', pool), 'moved', 1) end
@@ -45,7 +47,10 @@ end
 local function drop_seat(id, s, state)
   redis.call('DEL', key('seat', id))
   redis.call('ZREM', key('seats'), id)
-  if s.tokens and s.tokens ~= '' then redis.call('ZREM', key('sized', s.pool), id) end
+  if s.tokens and s.tokens ~= '' then
+    redis.call('ZREM', key('sized', s.pool), id)
+    redis.call('HINCRBY', key('pool', s.pool), 'sized', -1)
+  end
   redis.call('HINCRBY', key('lanes', s.pool), s.lane, -1)
   if s.delegated and s.delegated ~= '' then redis.call('HINCRBY', key('lanes', s.pool), s.lane .. '|d', -1) end
   if s.movedFrom and s.movedFrom ~= '' then redis.call('HINCRBY', key('pool', s.pool), 'moved', -1) end
