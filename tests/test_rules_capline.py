@@ -195,3 +195,28 @@ def test_cap_line_the_script_refuses_a_bad_size_and_writes_nothing(redis_client,
     with pytest.raises(Exception, match="ADM_BAD_ARG"):
         scripts.call(redis_client, call.script, call.keys, call.args)
     assert snapshot(redis_client) == before
+
+
+def test_cap_line_round_declares_its_size_sync_and_async(redis_client, async_client_factory):
+    import asyncio
+
+    from admission import AsyncAdmission
+
+    key, seat = "adm:{t}:sized:" + POOL, "adm:{t}:seat:"
+    a = adm(redis_client, pol=policy(lanes(), seed_estimate=10))
+    with a.round(lane="a", model=POOL, round_id="r", timeout=5, tokens=1234):
+        assert redis_client.hget(seat + "r", "tokens") == b"1234" and redis_client.zscore(key, "r") == 1234
+        assert pool_state(redis_client)["sized"] == "1"
+
+    assert redis_client.zcard(key) == 0 and pool_state(redis_client)["sized"] == "0"
+
+    async def main():
+        b = AsyncAdmission(async_client_factory(), mesh="u", pod="q", background=False)
+        await b.apply_policy(policy(lanes(), seed_estimate=10), recovery_hold=False)
+        akey = "adm:{u}:sized:" + POOL
+        async with b.round(lane="a", model=POOL, round_id="s", timeout=5, tokens=4321):
+            assert await b.redis.zscore(akey, "s") == 4321
+        assert await b.redis.zcard(akey) == 0
+        await b.close()
+
+    asyncio.run(main())

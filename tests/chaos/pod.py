@@ -10,7 +10,8 @@ round_timeout, clock_skew (seconds added to this process's wall clock: a pod who
 off), username/password (the ACL pod user), confirm_replicas (WAIT for that many replicas after
 each release and charge).
 
-Each worker thread loops until SIGTERM: pick a lane and a pool, `with adm.round(...)`, call the
+Each worker thread loops until SIGTERM: pick a lane and a pool (and for half the rounds a declared
+size, `tokens`: the cap line's bookkeeping meets every fault), `with adm.round(...)`, call the
 provider, book a mid-round charge (key "step") and set the round's cost, and end. Every step is
 a JSON line in the journal, written *before* the call it announces (a charge that may have been
 applied is always in the journal) and after it returns:
@@ -137,10 +138,14 @@ def main() -> int:
             rid = f"{pod}.{os.getpid()}.{n}.{k}"  # unique across restarts of the pod
             lane, pool = rng.choice(cfg["lanes"]), rng.choice(cfg["pools"])
             step_usd, cost_usd = rng.randint(1, 999) / 1e6, rng.randint(1, 9999) / 1e6
+            # half the rounds declare a size: the cap line's count, index and clock go through every
+            # fault too (the checker's doctor holds them to the seats)
+            tokens = rng.randint(100, 5000) if rng.random() < 0.5 else None
             journal("ask", id=rid, lane=lane, pool=pool)
             entered = False
             try:
-                with adm.round(lane=lane, model=pool, round_id=rid, timeout=cfg.get("round_timeout", 30)) as r:
+                with adm.round(lane=lane, model=pool, round_id=rid, timeout=cfg.get("round_timeout", 30),
+                               tokens=tokens) as r:
                     entered = True
                     d = r.decision
                     journal("admitted", id=rid, seq=r.seat.seq, reason=d.reason, running=d.running,
