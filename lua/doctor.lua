@@ -116,6 +116,17 @@ return run(function()
   table.sort(extra_sorted)
   for _, p in ipairs(extra_sorted) do add_pool(p) end
 
+  -- the seats that declared a size, per pool: declared[p][id] = tokens, and their ids in order
+  local declared = {}
+  for _, id in ipairs(seat_ids) do
+    local s = seats[id]
+    if s and s.tokens and s.tokens ~= '' and type(s.pool) == 'string' then
+      local d = declared[s.pool] or {}
+      declared[s.pool] = d
+      d[id], d[#d + 1] = tonumber(s.tokens), id
+    end
+  end
+
   -- what the records say, per pool and lane
   local want = {}  -- pool -> {running, waiting, lanes = {lane -> {run, wait, deleg}}}
   for _, p in ipairs(pools) do want[p] = {running = 0, waiting = 0, moved = 0, sized = 0, lanes = {}} end
@@ -176,19 +187,13 @@ return run(function()
       if not t or t.pool ~= p then problem('pinned-not-waiting', {pool = p, id = id}) end
     end
     -- the cap line's index (capline.lua): exactly the seats of p that declared a size, by size
-    local sized, in_index = redis.call('ZRANGE', key('sized', p), 0, -1, 'WITHSCORES'), {}
+    local sized, in_index, mine = redis.call('ZRANGE', key('sized', p), 0, -1, 'WITHSCORES'), {}, declared[p] or {}
     for i = 1, #sized, 2 do
-      local s = seats[sized[i]]
       in_index[sized[i]] = true
-      if not s or s.pool ~= p or tonumber(s.tokens) ~= tonumber(sized[i + 1]) then
-        problem('sized-index', {pool = p, id = sized[i]})
-      end
+      if mine[sized[i]] ~= tonumber(sized[i + 1]) then problem('sized-index', {pool = p, id = sized[i]}) end
     end
-    for _, id in ipairs(seat_ids) do
-      local s = seats[id]
-      if s and s.pool == p and s.tokens and s.tokens ~= '' and not in_index[id] then
-        problem('sized-index', {pool = p, id = id})
-      end
+    for _, id in ipairs(mine) do
+      if not in_index[id] then problem('sized-index', {pool = p, id = id}) end
     end
     for _, f in ipairs({'running', 'waiting', 'moved', 'sized'}) do
       local n = count(pk, pool_h, f)

@@ -403,7 +403,7 @@ MUTATIONS = [
     ("cap line: the tick sets the ceiling", "tick.lua", "p.ceiling = ceiling_of(T, p, now)", "",
      "test_rules_capline.py", "ceiling_holds"),
     ("cap line: plan stops at the ceiling", "include/decide.lua",
-     "if p.ceiling > 0 then n = math.min(n, math.max(R0 < 1 and 1 or 0, math.floor(p.ceiling) - R0)) end", "",
+     "  n = math.min(n, ceiling_room(p, R0))", "",
      "test_rules_capline.py", "ceiling_holds"),
     ("cap line: plan's check of each newcomer", "include/decide.lua", "budget_ok(m, k) and under_ceiling(p, R0 + k) and",
      "budget_ok(m, k) and", "test_rules_capline.py", "ceiling_holds"),
@@ -418,7 +418,7 @@ MUTATIONS = [
     ("cap line: a release saves the fit it changed", "release.lua", "    fields = SIGNAL_FIT_FIELDS\n", "",
      "test_rules_capline.py", "fits_seconds_per_token"),
     ("the doctor reports an index member that is no declared seat", "doctor.lua",
-     "        problem('sized-index', {pool = p, id = sized[i]})\n", "", "test_doctor.py", "cap_lines_index"),
+     "then problem('sized-index', {pool = p, id = sized[i]}) end", "then end", "test_doctor.py", "cap_lines_index"),
     ("the census text shows the cap line", "admission/view.py",
      "state += f\", cap line at {p['capLine']:.1f} rounds\"", "pass", "test_rules_capline.py", "ceiling_holds"),
     ("a waiting round declares its size (sync)", "admission/client.py", "move_to=move_to, tokens=tokens)",
@@ -428,7 +428,7 @@ MUTATIONS = [
     ("operators read the cap line in the metrics", "admission/serve.py", '("cap_line", p.get("capLine") or 0)',
      '("cap_line", 0)', "test_rules_capline.py", "metrics"),
     ("cap line: no declared round running, no line", "include/capline.lua",
-     "p.ceiling <= 0 or p.sized <= 0 or running + 1", "p.ceiling <= 0 or running + 1", "test_rules_capline.py",
+     "if p.ceiling <= 0 or p.sized <= 0 then", "if p.ceiling <= 0 then", "test_rules_capline.py",
      "no_declared_round_running"),
     ("cap line: the tick clears a line no round holds", "tick.lua", "      p.ceiling = 0\n      save_pool(p, {'ceiling'})\n",
      "", "test_rules_capline.py", "no_declared_round_running"),
@@ -439,7 +439,7 @@ MUTATIONS = [
     ("the doctor checks the pool's count of declared rounds", "doctor.lua", "{'running', 'waiting', 'moved', 'sized'}",
      "{'running', 'waiting', 'moved'}", "test_doctor.py", "cap_lines_index"),
     ("the doctor reports a declared seat missing from the index", "doctor.lua",
-     "        problem('sized-index', {pool = p, id = id})\n", "", "test_doctor.py", "cap_lines_index"),
+     "then problem('sized-index', {pool = p, id = id}) end", "then end", "test_doctor.py", "cap_lines_index"),
 ]
 
 

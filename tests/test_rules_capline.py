@@ -158,6 +158,7 @@ def test_cap_line_no_declared_round_running_no_line(redis_client):
     a.release(big.seat, outcome="clean", seconds=10, now=t + 10)
     # the ceiling is the tick's, but with no declared round running it binds nothing, even before the next tick
     assert float(pool_state(redis_client)["ceiling"]) > 0
+    assert a.plan(lane="a", model=POOL, wanted=5, now=t + 10) == 5  # plan agrees with admit
     assert a.try_admit(lane="a", model=POOL, round_id="over", now=t + 10, draw=0.0).admitted
     assert a.try_admit(lane="a", model=POOL, round_id="past", now=t + 10, draw=0.0).admitted  # past the old line
     a.tick(now=t + 20)

@@ -22,11 +22,13 @@ local FIT_MIN_POINTS = 3
 local FIT_MIN_SPREAD = 1 -- rounds in flight between the least and the most loaded point
 local SIZED_SCAN = 1000 -- the tick reads at most this many declared rounds per pool (largest first)
 local MAX_TOKENS = 1e9
-local CEILING_FIELDS = {'clockAt', 'area', 'virt', 'ceiling'}
+local CLOCK_FIELDS = {'clockAt', 'area', 'virt'}
+local FIT_FIELDS = {'fitW', 'fitX', 'fitY', 'fitXX', 'fitXY', 'fitN', 'fitLo', 'fitHi'}
+local CEILING_FIELDS = concat(CLOCK_FIELDS, {'ceiling'}) -- what the tick saves
 
 -- The clock's and the fit's fields as numbers (load_pool leaves them as read: an admit of a
 -- pool whose rounds declare nothing never needs them).
-local CLOCK_NUM = {'clockAt', 'area', 'virt', 'fitW', 'fitX', 'fitY', 'fitXX', 'fitXY', 'fitN', 'fitLo', 'fitHi'}
+local CLOCK_NUM = concat(CLOCK_FIELDS, FIT_FIELDS)
 local function clock_numbers(p)
   if p.clockRead then return end
   for _, f in ipairs(CLOCK_NUM) do p[f] = tonumber(p[f]) or 0 end
@@ -75,11 +77,16 @@ local function advance_clock(p, now)
   if now > p.clockAt then p.clockAt = now end
 end
 
--- Whether the ceiling lets one more round start on p with `running` rounds in flight. A round
--- alone on its pool always starts (nothing else to wait for); with no declared round running there
--- is no line (a ceiling the tick has not cleared yet included).
+-- How many more rounds the ceiling lets start on p with `running` rounds in flight (math.huge:
+-- no line). A ceiling is at least 1, so a round alone on its pool always starts; with no declared
+-- round running there is no line (a ceiling the tick has not cleared yet included).
+local function ceiling_room(p, running)
+  if p.ceiling <= 0 or p.sized <= 0 then return math.huge end
+  return math.max(0, math.floor(p.ceiling) - running)
+end
+
 local function under_ceiling(p, running)
-  return running < 1 or p.ceiling <= 0 or p.sized <= 0 or running + 1 <= math.floor(p.ceiling)
+  return ceiling_room(p, running) >= 1
 end
 
 -- Check 3b: refused ('cap-line') when one more round would take the pool past its ceiling, or a
@@ -116,7 +123,7 @@ end
 -- flight at which its tokens still to come arrive by CAP_SHARE of the cap; the least of them,
 -- at least 1. A round past that share of its cap no longer binds (it ends or is cut either way).
 local function ceiling_of(T, p, now)
-  local f = p.sized > 0 and fit_of(p)
+  local f = fit_of(p)
   if not f then return 0 end
   local sized = redis.call('ZRANGE', key('sized', p.name), -SIZED_SCAN, -1, 'WITHSCORES')
   local m = math.huge

@@ -168,8 +168,7 @@ local function in_a_row(cfg, T, p, r, lane, run, g_me, wanted, m)
     if kg then n = math.min(n, kg) end -- the cost guard stops the borrowers
     n = math.max(n, k0)
   end
-  -- the cap line (capline.lua) stops every newcomer, within its floor too
-  if p.ceiling > 0 then n = math.min(n, math.max(R0 < 1 and 1 or 0, math.floor(p.ceiling) - R0)) end
+  n = math.min(n, ceiling_room(p, R0)) -- the cap line (capline.lua) stops every newcomer, within its floor too
   if m then -- the budget stops every newcomer, within its floor too
     local kb
     if m.mc > 0 then kb = first_reach(-m.left, m.mc, -math.max(m.reserve_line, m.mc))

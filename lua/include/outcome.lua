@@ -10,9 +10,8 @@ local SIGNALS = {rate_limited = true, stall = true, round_cap = true,
 local SIGNAL_FIELDS = {'succ', 'fail', 'meanSec', 'meanCost', 'priced', 'clean'}
 -- what a release saves of its pool: the outcome's fields and the cap line's clock, and its fit
 -- when the round was a point of it (capline.lua)
-local SIGNAL_CLOCK_FIELDS = {'succ', 'fail', 'meanSec', 'meanCost', 'priced', 'clean', 'clockAt', 'area', 'virt'}
-local SIGNAL_FIT_FIELDS = {'succ', 'fail', 'meanSec', 'meanCost', 'priced', 'clean', 'clockAt', 'area', 'virt', 'fitW',
-  'fitX', 'fitY', 'fitXX', 'fitXY', 'fitN', 'fitLo', 'fitHi'}
+local SIGNAL_CLOCK_FIELDS = concat(SIGNAL_FIELDS, CLOCK_FIELDS)
+local SIGNAL_FIT_FIELDS = concat(SIGNAL_CLOCK_FIELDS, FIT_FIELDS)
 
 -- The spend ledger: `spend:<day>` hash, `<lane>|<provider>` -> micro-USD, and `*|<provider>` the
 -- provider's total (the budget reads it in O(1)). Every booking has an idempotency key,

@@ -87,6 +87,15 @@ local function clock(s)
 end
 
 -- Floats leave a script as strings (Lua numbers become integers in a reply).
+-- The fields of `a` then those of `b`, as one new list (a plain loop: field lists are built when
+-- the library loads, where no global such as ipairs may be read).
+local function concat(a, b)
+  local out = {}
+  for i = 1, #a do out[i] = a[i] end
+  for i = 1, #b do out[#a + i] = b[i] end
+  return out
+end
+
 local function fmt(x)
   return string.format('%.17g', x)
 end

@@ -120,6 +120,10 @@ class DaySim(Sim):
     def key_of(self, pool: str) -> model.ProviderKey:
         return self.keys[provider_of(pool)]
 
+    def _billable_usd(self, rounds: list[Round]) -> float:
+        """The most the day's key can still bill these rounds: their tokens not billed yet."""
+        return sum(self.key.cost(r.tokens - r.billed) for r in rounds)
+
     def _bill(self, rnd: Round, tokens: float) -> None:
         if tokens <= model._EPS:
             return
@@ -129,9 +133,8 @@ class DaySim(Sim):
             # this request takes the day's count to the limit: what is in flight now on the key
             # (this round included, from the request that reaches the limit) is all that can
             # still be billed
-            price = key.price / 1000.0
             running = [rnd] + [r for r in self.rounds.values() if r is not rnd and self.key_of(r.pool) is key]
-            self.at_limit = (len(running), sum((r.tokens - r.billed) * price for r in running))
+            self.at_limit = (len(running), self._billable_usd(running))
             if self.trace is not None:
                 self.trace.points["reached"] = self.now
         usd = key.bill(tokens, rnd.lane, now)
@@ -299,10 +302,8 @@ class DaySim(Sim):
                 if not self.closures:
                     # the key's count then, and what the rounds in flight on it can still bill:
                     # past this, the day's spend can only grow by rounds started after the closure
-                    price = self.key.price / 1000.0
                     running = [r for r in self.rounds.values() if self.key_of(r.pool) is self.key]
-                    self.at_closure = (self.key.totals(int(EPOCH // model.DAY))["spent"],
-                                       sum((r.tokens - r.billed) * price for r in running))
+                    self.at_closure = (self.key.totals(int(EPOCH // model.DAY))["spent"], self._billable_usd(running))
                 self.closures.append((self.now, st["why"]))
                 if self.trace is not None:
                     self.trace.points["closures"].append((self.now, st["why"]))
