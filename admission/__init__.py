@@ -6,7 +6,7 @@ from .classify import outcome_of
 from .base import current_round
 from .client import Admission, Round
 from .codes import ADMIT_REASONS, FENCE_REASONS, REFUSE_REASONS, UNAVAILABLE, Status
-from .core import Bound, Decision, Released, Retried, Seat
+from .core import Bound, Decision, Progress, Released, Retried, Seat
 from .errors import (AdmissionError, BadArgument, BadName, NoPolicy, NotYourSeat, PolicyError,
                      RoundInProgress, ScriptError, StaleVersion, Unavailable, UnknownLane, UnknownPool,
                      UnknownSeat, WaitTimeout)
@@ -15,7 +15,7 @@ from .urgency import urgency
 from .aio import AsyncAdmission
 
 __all__ = [
-    "Admission", "AsyncAdmission", "Round", "Decision", "Seat", "Released", "Retried", "Bound", "Status",
+    "Admission", "AsyncAdmission", "Round", "Decision", "Seat", "Progress", "Released", "Retried", "Bound", "Status",
     "ADMIT_REASONS", "REFUSE_REASONS", "FENCE_REASONS", "UNAVAILABLE", "urgency", "outcome_of",
     "AdmissionError", "BadArgument", "BadName", "UnknownLane", "UnknownPool", "UnknownSeat",
     "NotYourSeat", "NoPolicy", "PolicyError", "StaleVersion", "WaitTimeout", "Unavailable",

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 import redis
 import redis.asyncio as aredis
@@ -22,7 +22,7 @@ from .base import CURRENT_HANDLE, CURRENT_ROUND, ClientBase, charge_record, rele
 from .outbox import Retry
 from .classify import outcome_of, retry_after_of
 from .client import CONNECT_TIMEOUT, SOCKET_TIMEOUT, Round, fail_fast_options, policy_of
-from .core import (UNREACHABLE, Bound, Call, Charged, Core, Decision, Released, Retried, Rollover, Seat, Tick,
+from .core import (UNREACHABLE, Bound, Call, Charged, Core, Decision, Progress, Released, Retried, Rollover, Seat, Tick,
                    decode_ledger)
 from .errors import AdmissionError, BadArgument, NoPolicy, UnknownSeat, NotYourSeat, Unavailable, WaitTimeout
 
@@ -38,6 +38,9 @@ class AsyncRound(Round):
 
     async def charge(self, cost_usd: float, key: str) -> Charged:  # type: ignore[override]
         return await self._adm.charge(self.seat, cost_usd=cost_usd, key=key)
+
+    async def progress(self, tokens: float) -> Progress:  # type: ignore[override]
+        return await self._adm.progress([(self.seat, tokens)])
 
 
 class AsyncAdmission(ClientBase):
@@ -136,6 +139,10 @@ class AsyncAdmission(ClientBase):
     async def report(self, seat: Seat, *, signal: str, now: float | None = None,
                      retry_after: float | None = None) -> Released:
         return await self._exec_or_raise(self.core.report(seat, signal=signal, now=now, retry_after=retry_after))
+
+    async def progress(self, received: Iterable[tuple[Seat, float]], now: float | None = None) -> Progress:
+        """See ``Admission.progress``."""
+        return await self._exec_or_raise(self.core.progress(received, now=now))
 
     async def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
                       cost_usd: float | None = None, now: float | None = None, at: float | None = None,

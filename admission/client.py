@@ -13,7 +13,7 @@ import contextlib
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import redis
 from redis.backoff import NoBackoff
@@ -25,7 +25,7 @@ from ._log import get_logger
 from .base import CURRENT_HANDLE, CURRENT_ROUND, ClientBase, charge_record, release_record, translated
 from .classify import outcome_of, retry_after_of
 from .outbox import Retry
-from .core import (UNREACHABLE, Bound, Call, Charged, Core, Decision, Released, Retried, Rollover, Seat, Tick,
+from .core import (UNREACHABLE, Bound, Call, Charged, Core, Decision, Progress, Released, Retried, Rollover, Seat, Tick,
                    decode_ledger)
 from .errors import AdmissionError, NoPolicy, NotYourSeat, Unavailable, UnknownSeat, WaitTimeout
 
@@ -65,6 +65,10 @@ class Round:
     def charge(self, cost_usd: float, key: str) -> Charged:
         """Book a cost mid-round (a long round's steps), once per ``key``."""
         return self._adm.charge(self.seat, cost_usd=cost_usd, key=key)
+
+    def progress(self, tokens: float) -> Progress:
+        """The tokens this round has received so far (a declared round: the cap line's fit)."""
+        return self._adm.progress([(self.seat, tokens)])
 
 
 class Admission(ClientBase):
@@ -196,6 +200,15 @@ class Admission(ClientBase):
         """A load signal in the middle of a round (stall, round cap, 429); the seat stays. A
         ``retry_after`` with rate_limited pauses the pool (the provider's Retry-After)."""
         return self._exec_or_raise(self.core.report(seat, signal=signal, now=now, retry_after=retry_after))
+
+    def progress(self, received: Iterable[tuple[Seat, float]], now: float | None = None) -> Progress:
+        """The tokens each of this pod's running rounds has received so far, (seat, tokens) pairs
+        in one call. A round that declared its size gives the cap line's fit a point for the
+        stretch since its last report (design §4, refinement 5): a pool never measured has its
+        line while its first rounds run. Report every 15 to 60 s of a streaming round, not per
+        token. Seats that are not this pod's live ones come back in ``lost``; nothing is written
+        for them."""
+        return self._exec_or_raise(self.core.progress(received, now=now))
 
     def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
                 cost_usd: float | None = None, now: float | None = None, at: float | None = None,

@@ -108,6 +108,12 @@ class Heartbeat:
 
 
 @dataclass(frozen=True)
+class Progress:
+    points: int  # reports that became a point of the pool's cap-line fit
+    lost: list[str]  # seats that are not this pod's live seats (nothing written for them)
+
+
+@dataclass(frozen=True)
 class Tick:
     swept: int
     grew: dict[str, float]
@@ -207,6 +213,13 @@ def _tokens(tokens: float | None) -> str:
             or not 1 <= tokens <= MAX_TOKENS):
         raise BadArgument(f"tokens must be a finite number in [1, {MAX_TOKENS:.0e}], got {tokens!r}")
     return repr(float(tokens)) if isinstance(tokens, float) else str(tokens)
+
+
+def _received(got: float) -> str:
+    """Tokens a running round has received so far: a finite number in [0, 1e9]."""
+    if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got) or not 0 <= got <= MAX_TOKENS:
+        raise BadArgument(f"tokens received must be a finite number in [0, {MAX_TOKENS:.0e}], got {got!r}")
+    return repr(float(got)) if isinstance(got, float) else str(got)
 
 
 def _seconds(seconds: float, what: str = "seconds") -> str:
@@ -420,6 +433,17 @@ class Core:
             return Heartbeat(float(_s(r[1])), [_s(x) for x in r[2]], [_s(x) for x in r[3]], [_s(x) for x in r[4]])
 
         return self._call("heartbeat", args, decode)
+
+    def progress(self, received: Iterable[tuple[Seat, float]], now: float | None = None) -> Call:
+        """The tokens each running round has received so far (the cap line's fit, capline.lua)."""
+        args: list[Any] = [self.pod, _now(now)]
+        for seat, got in received:
+            args += [seat.id, str(seat.seq), _received(got)]
+
+        def decode(r):
+            return Progress(int(r[1]), [_s(x) for x in empty_list(r[2])])
+
+        return self._call("progress", args, decode)
 
     def tick(self, now: float | None = None, sweep_limit: int = 100) -> Call:
         def decode(r):

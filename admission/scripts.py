@@ -28,7 +28,7 @@ from redis.cluster import RedisCluster
 from ._paths import lua_dir
 
 COMMANDS = ("admit", "release", "report", "heartbeat", "tick", "census", "plan", "apply_config", "withdraw",
-            "doctor", "charge", "budget", "closure", "rollover", "retry", "bind", "health")
+            "doctor", "charge", "budget", "closure", "rollover", "retry", "bind", "health", "progress")
 _INCLUDE = re.compile(r'^--@include "([\w-]+)"\s*$', re.MULTILINE)
 _MISSING = "Function not found"
 

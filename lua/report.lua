@@ -41,7 +41,10 @@ return run(function()
     if what == 'rate_limited' then pause(cfg, p, now, retry_after) end
     return {STATUS.ALREADY_REPORTED, s.pool, 0, fmt(p.est)}
   end
-  local decreased = signal(cfg, p, now, what, seq, tonumber(s.load), false, retry_after)
+  -- a stall the cap line planned is counted, not a load signal (capline.lua)
+  local planned = what == 'stall' and p.exhausted == 1 and stall_planned(cfg.T, p, s, now)
+  if planned then count('signal', p.name, 'stall-planned') end
+  local decreased = not planned and signal(cfg, p, now, what, seq, tonumber(s.load), false, retry_after)
   if LOAD[what] then redis.call('HSET', key('seat', id), 'signalled', what) end
   return {STATUS.REPORTED, s.pool, decreased and 1 or 0, fmt(p.est)}
 end)

@@ -107,8 +107,8 @@ def build_busy(client: redis.Redis, mesh: str) -> Busy:
     a.apply_policy(POLICY, recovery_hold=False)
     now = T0
     seats = {}
-    for rid, lane in (("s1", "a"), ("s2", "b")):
-        d = a.try_admit(lane=lane, model="m@p", round_id=rid, now=now, draw=0.0, alternatives=[])
+    for rid, lane, tokens in (("s1", "a", 5000), ("s2", "b", None)):  # s1 declares its size (the cap line)
+        d = a.try_admit(lane=lane, model="m@p", round_id=rid, now=now, draw=0.0, alternatives=[], tokens=tokens)
         assert d.admitted, d
         seats[rid] = d.seat
     d = a.try_admit(lane="a", model="m@p", round_id="child", parent="s1", now=now, draw=0.0, alternatives=[])
@@ -163,6 +163,8 @@ def _templates(seats: dict[str, Any]) -> dict[str, list[list[bytes]]]:
         "retry": [[*seat(s1), NOW, "att-1"]],
         "bind": [["bind", "s1", "3", NOW], ["advance", "s2", "9", NOW]],
         "health": [["n@p", "2", "1", "1", "", NOW], ["o@q", "0", "", "0", NOW, NOW]],
+        "progress": [["pod-a", NOW, s1.id, str(s1.seq), "500", s2.id, str(s2.seq), "0"],
+                     [s1.pod, "", child.id, str(child.seq), "120.5"]],
     }
     assert set(out) == set(scripts.COMMANDS), set(scripts.COMMANDS) ^ set(out)
     return {c: [[x.encode() if isinstance(x, str) else x for x in t] for t in ts] for c, ts in out.items()}

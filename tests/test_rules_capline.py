@@ -221,3 +221,189 @@ def test_cap_line_round_declares_its_size_sync_and_async(redis_client, async_cli
         await b.close()
 
     asyncio.run(main())
+
+
+# -- refinement 5: progress reports, a stall the line planned, no growth under the line ----------
+def got_at(seconds: float, load: int) -> float:
+    """Tokens one round receives in ``seconds`` at ``load`` rounds in flight (this test's provider)."""
+    return seconds / (A + B * load)
+
+
+def test_cap_line_running_rounds_report_progress_as_points_of_the_fit(redis_client):
+    # a pool never measured, no round ended yet: the reports alone give it its line
+    a = adm(redis_client, pol=policy(lanes(), seed_estimate=100))
+    t = T0
+    m = a.try_admit(lane="a", model=POOL, round_id="m", now=t, draw=0.0, tokens=200_000).seat
+    other = a.try_admit(lane="a", model=POOL, round_id="o", now=t, draw=0.0).seat
+    got, plan, extra = 0.0, [(2, 100.0), (6, 100.0), (4, 50.0)], []
+    for load, dt in plan:  # the load held for dt seconds, then one report
+        while 2 + len(extra) < load:
+            extra.append(a.try_admit(lane="a", model=POOL, round_id=f"x{len(extra)}", now=t, draw=0.0).seat)
+            assert extra[-1]
+        while 2 + len(extra) > load:
+            a.release(extra.pop(), outcome="error", now=t)
+        t += dt
+        got += got_at(dt, load)
+        assert a.progress([(m, got), (other, 1.0)], now=t).points == 1  # the undeclared round adds nothing
+    got_a, got_b = fitted(redis_client)
+    assert got_a == pytest.approx(A, rel=1e-6) and got_b == pytest.approx(B, rel=1e-6)
+    st = pool_state(redis_client)
+    assert float(st["fitN"]) == 3 and float(st["fitLo"]) == pytest.approx(2) and float(st["fitHi"]) == pytest.approx(6)
+    assert float(st["succ"]) == 0  # no round ended
+    a.tick(now=t)
+    assert float(pool_state(redis_client)["ceiling"]) > 0  # the line, while the first rounds run
+    # a report with nothing new since the last one is no point
+    assert a.progress([(m, got)], now=t + 10).points == 0
+    assert float(pool_state(redis_client)["fitN"]) == 3
+
+
+def test_cap_line_a_round_reported_in_pieces_weighs_one_round(redis_client):
+    a = adm(redis_client, pol=policy(lanes(), seed_estimate=100))
+    tokens, t = 10_000.0, T0
+    m = a.try_admit(lane="a", model=POOL, round_id="m", now=t, draw=0.0, tokens=tokens).seat
+    half = seconds_for(tokens / 2, 1)
+    assert a.progress([(m, tokens / 2)], now=t + half).points == 1
+    assert float(pool_state(redis_client)["fitW"]) == pytest.approx(0.5)
+    a.release(m, outcome="clean", seconds=2 * half, now=t + 2 * half)  # its end is the other half
+    st = pool_state(redis_client)
+    assert float(st["fitN"]) == 2
+    assert float(st["fitW"]) == pytest.approx(0.5 * 0.95 ** 0.5 + 0.5)  # about one round, not 1.5
+    assert float(st["fitY"]) == pytest.approx((0.5 * 0.95 ** 0.5 + 0.5) * (A + B))
+
+
+def test_cap_line_progress_reanchors_what_the_ceiling_counts_as_received(redis_client):
+    a, t = trained(redis_client)
+    tokens = 50_000.0
+    big = a.try_admit(lane="a", model=POOL, round_id="big", now=t, draw=0.0, tokens=tokens).seat
+    crowd = [a.try_admit(lane="a", model=POOL, round_id=f"c{i}", now=t, draw=0.0).seat for i in range(9)]
+    assert all(crowd)
+    # 600 s at 10 in flight; it reports more than the fit would credit it (a provider faster today)
+    got = 1.5 * got_at(600, 10)
+    a.progress([(big, got)], now=t + 600)
+    a.tick(now=t + 600)
+    fa, fb = fitted(redis_client)
+    need = (tokens - got) / (SHARE * CAP - 600)
+    assert float(pool_state(redis_client)["ceiling"]) == pytest.approx((1 / need - fa) / fb, rel=1e-6)
+
+
+def test_cap_line_progress_of_a_seat_not_this_pods_live_one_is_lost_and_writes_nothing(redis_client):
+    from admission import Seat
+
+    a, t = trained(redis_client)
+    mine = a.try_admit(lane="a", model=POOL, round_id="mine", now=t, draw=0.0, tokens=5_000).seat
+    b = adm(redis_client, pod="pod-b", apply=False)
+    theirs = b.try_admit(lane="a", model=POOL, round_id="theirs", now=t, draw=0.0, tokens=5_000).seat
+    before = snapshot(redis_client)
+    stale = Seat(mine.id, mine.seq + 1, mine.pool, mine.lane, mine.pod, mine.admitted_at)
+    ghost = Seat("ghost", 1, POOL, "a", "pod-a", t)
+    got = a.progress([(theirs, 100.0), (stale, 100.0), (ghost, 100.0)], now=t + 10)
+    assert got.points == 0 and got.lost == ["theirs", "mine", "ghost"]
+    assert snapshot(redis_client) == before
+
+
+@pytest.mark.parametrize("bad", [-1, math.nan, math.inf, 2e9, True, "100"])
+def test_cap_line_a_bad_progress_is_refused_before_any_write(redis_client, bad):
+    a, t = trained(redis_client)
+    m = a.try_admit(lane="a", model=POOL, round_id="m", now=t, draw=0.0, tokens=5_000).seat
+    before = snapshot(redis_client)
+    with pytest.raises(BadArgument):
+        a.progress([(m, 10.0), (m, bad)], now=t + 10)
+    assert snapshot(redis_client) == before
+
+
+@pytest.mark.parametrize("raw", [["-5"], ["abc"], ["nan"], ["1e10"], ["10", "extra"]])
+def test_cap_line_the_script_refuses_a_bad_progress_and_writes_nothing(redis_client, raw):
+    from admission import scripts
+
+    a, t = trained(redis_client)
+    m = a.try_admit(lane="a", model=POOL, round_id="m", now=t, draw=0.0, tokens=5_000).seat
+    before = snapshot(redis_client)
+    call = a.core.progress([(m, 10.0), (m, 20.0)], now=t + 10)
+    call.args[-1:] = raw  # the second report's tokens (and a stray argument)
+    with pytest.raises(Exception, match="ADM_BAD_ARG"):
+        scripts.call(redis_client, call.script, call.keys, call.args)
+    assert snapshot(redis_client) == before
+
+
+def measured(a, t):
+    """Make the trained pool measured: a 429 at 60 rounds in flight (K = 59, K̂ about 41)."""
+    seats = [a.try_admit(lane="a", model=POOL, round_id=f"k{i}", now=t, draw=0.0).seat for i in range(60)]
+    assert all(seats)
+    a.release(seats[-1], outcome="rate_limited", now=t + 1)
+    for s in seats[:-1]:
+        a.release(s, outcome="clean", seconds=1, now=t + 1)
+    return t + 2
+
+
+def test_cap_line_a_stall_the_line_planned_does_not_lower_the_estimate(redis_client):
+    a, t = trained(redis_client)
+    t = measured(a, t)
+    est = float(pool_state(redis_client)["est"])
+    assert pool_state(redis_client)["exhausted"] == "1" and est > 35
+    # 75,000 tokens at 5 rounds in flight (50 tokens/s) takes 1,500 s: it stalls at 1,200 s by
+    # the watchdog's rule, and still ends by 95 % of its cap
+    big = a.try_admit(lane="a", model=POOL, round_id="big", now=t, draw=0.0, tokens=75_000).seat
+    crowd = [a.try_admit(lane="a", model=POOL, round_id=f"c{i}", now=t, draw=0.0).seat for i in range(4)]
+    assert all(crowd)
+    r = a.report(big, signal="stall", now=t + 1200)
+    assert not r.decreased and float(pool_state(redis_client)["est"]) == est
+    totals = {k.decode(): v for k, v in redis_client.hgetall("adm:{t}:totals").items()}
+    assert totals.get(f"signal|{POOL}|stall-planned") == b"1" and f"signal|{POOL}|stall" not in totals
+    # the same round behind its plan (30 more rounds in flight): the stall is a load signal
+    for s in [big, *crowd]:  # no point of the fit (not clean)
+        a.release(s, outcome="error", now=t + 1300)
+    t += 1400
+    slow = a.try_admit(lane="a", model=POOL, round_id="slow", now=t, draw=0.0, tokens=75_000).seat
+    crowd = [a.try_admit(lane="a", model=POOL, round_id=f"d{i}", now=t, draw=0.0).seat for i in range(34)]
+    assert all(crowd)
+    r = a.report(slow, signal="stall", now=t + 1200)
+    assert r.decreased and float(pool_state(redis_client)["est"]) == pytest.approx(0.7 * 35)
+
+
+def test_cap_line_in_slow_start_a_stall_still_measures_k(redis_client):
+    a, t = trained(redis_client)
+    assert pool_state(redis_client).get("exhausted", "0") != "1"  # never measured
+    big = a.try_admit(lane="a", model=POOL, round_id="big", now=t, draw=0.0, tokens=75_000).seat
+    crowd = [a.try_admit(lane="a", model=POOL, round_id=f"c{i}", now=t, draw=0.0).seat for i in range(4)]
+    assert all(crowd)
+    r = a.report(big, signal="stall", now=t + 1200)  # on its plan, as above: in slow start it still measures K
+    st = pool_state(redis_client)
+    assert r.decreased and st["exhausted"] == "1" and float(st["cap"]) == 5
+
+
+def test_cap_line_no_growth_while_the_line_holds_the_load_below_the_estimate(redis_client):
+    a, t = trained(redis_client)
+    est = 100.0  # the seed (slow start: each step adds up to 8)
+    big = a.try_admit(lane="a", model=POOL, round_id="big", now=t, draw=0.0, tokens=50_000).seat
+    a.tick(now=t)
+    line = math.floor(float(pool_state(redis_client)["ceiling"]))
+    assert line < est
+    for i in range(line):  # up to the line, then one waits: demand
+        a.try_admit(lane="a", model=POOL, round_id=f"s{i}", now=t, draw=0.0)
+    assert not a.try_admit(lane="a", model=POOL, round_id="w", now=t, draw=0.0, wait=True).admitted
+    a.tick(now=t + 20)
+    assert float(pool_state(redis_client).get("est", est)) == est  # the rounds never reached K̂: no step
+    a.release(big, outcome="clean", seconds=30, now=t + 30)
+    a.tick(now=t + 50)
+    assert float(pool_state(redis_client)["est"]) == est + 8  # no line: growth goes on
+
+
+def test_cap_line_round_reports_progress_sync_and_async(redis_client, async_client_factory):
+    import asyncio
+
+    from admission import AsyncAdmission
+
+    a = adm(redis_client, pol=policy(lanes(), seed_estimate=10))
+    with a.round(lane="a", model=POOL, round_id="r", timeout=5, tokens=1234) as r:
+        assert r.progress(100).points == 1
+        assert redis_client.hget("adm:{t}:seat:r", "pTok") == b"100"
+
+    async def main():
+        b = AsyncAdmission(async_client_factory(), mesh="u", pod="q", background=False)
+        await b.apply_policy(policy(lanes(), seed_estimate=10), recovery_hold=False)
+        async with b.round(lane="a", model=POOL, round_id="s", timeout=5, tokens=4321) as r:
+            assert (await r.progress(200)).points == 1
+            assert await b.redis.hget("adm:{u}:seat:s", "pTok") == b"200"
+        await b.close()
+
+    asyncio.run(main())

@@ -25,6 +25,7 @@ local MAX_TOKENS = 1e9
 local CLOCK_FIELDS = {'clockAt', 'area', 'virt'}
 local FIT_FIELDS = {'fitW', 'fitX', 'fitY', 'fitXX', 'fitXY', 'fitN', 'fitLo', 'fitHi'}
 local CEILING_FIELDS = concat(CLOCK_FIELDS, {'ceiling'}) -- what the tick saves
+local CLOCK_FIT_FIELDS = concat(CLOCK_FIELDS, FIT_FIELDS) -- what a progress report saves
 
 -- The clock's and the fit's fields as numbers (load_pool leaves them as read: an admit of a
 -- pool whose rounds declare nothing never needs them).
@@ -101,22 +102,70 @@ local function cap_line_refuses(T, p, tokens)
   return false
 end
 
--- A clean release of a declared round adds its point to the fit (the clock already advanced);
--- true when it did.
-local function fit_release(p, s, now, seconds)
-  clock_numbers(p)
-  local tokens, at = tonumber(s.tokens), tonumber(s.at)
-  if not tokens or not at or seconds <= 0 or now <= at then return false end
-  local x = (p.area - (tonumber(s.area0) or p.area)) / (now - at)
-  local y = seconds / tokens
-  p.fitW = p.fitW * FIT_DECAY + 1
-  p.fitX = p.fitX * FIT_DECAY + x
-  p.fitY = p.fitY * FIT_DECAY + y
-  p.fitXX = p.fitXX * FIT_DECAY + x * x
-  p.fitXY = p.fitXY * FIT_DECAY + x * y
+-- One point of the fit, weighted w (a whole round's life is weight 1): older points are weighted
+-- down by FIT_DECAY per round's worth of newer ones, so a round reported in pieces counts as much
+-- as one reported once at its end.
+local function fit_add(p, x, y, w)
+  local d = FIT_DECAY ^ w
+  p.fitW = p.fitW * d + w
+  p.fitX = p.fitX * d + w * x
+  p.fitY = p.fitY * d + w * y
+  p.fitXX = p.fitXX * d + w * x * x
+  p.fitXY = p.fitXY * d + w * x * y
   if p.fitN == 0 then p.fitLo, p.fitHi = x, x else p.fitLo, p.fitHi = math.min(p.fitLo, x), math.max(p.fitHi, x) end
   p.fitN = math.min(p.fitN + 1, 1e6)
+end
+
+-- Where a declared round's measured part ends: its last progress report (pAt, pArea, pTok) or,
+-- with none, its admission.
+local function progress_anchor(p, s)
+  local at = tonumber(s.pAt) or tonumber(s.at)
+  local area0 = tonumber(s.pArea) or tonumber(s.area0) or p.area
+  return at, area0, tonumber(s.pTok) or 0
+end
+
+-- A running declared round reports `got` tokens received by `now`: the stretch since its last
+-- report is a point of the fit (the clock already advanced), and its progress so far re-anchors
+-- virt0, so the ceiling counts what it really received. Returns the seat's new fields, or nil
+-- when nothing new came (no tokens since, or no time).
+local function fit_progress(p, s, now, got)
+  clock_numbers(p)
+  local tokens = tonumber(s.tokens)
+  local at, area0, before = progress_anchor(p, s)
+  if not tokens or not at or got <= before or now <= at then return nil end
+  fit_add(p, (p.area - area0) / (now - at), (now - at) / (got - before), math.min(1, (got - before) / tokens))
+  return {'pAt', fmt(now), 'pArea', fmt(p.area), 'pTok', fmt(got), 'virt0', fmt(p.virt - math.min(got, tokens))}
+end
+
+-- A clean release of a declared round adds its point to the fit (the clock already advanced):
+-- its whole life, or the stretch since its last progress report; true when it did.
+local function fit_release(p, s, now, seconds)
+  clock_numbers(p)
+  local tokens = tonumber(s.tokens)
+  if not tokens or not tonumber(s.at) or seconds <= 0 then return false end
+  if s.pAt then -- reported in pieces: the last one, from its last report to its end
+    local at, area0, before = progress_anchor(p, s)
+    if now <= at or tokens <= before then return false end
+    fit_add(p, (p.area - area0) / (now - at), (now - at) / (tokens - before), (tokens - before) / tokens)
+    return true
+  end
+  local at = tonumber(s.at)
+  if now <= at then return false end
+  fit_add(p, (p.area - (tonumber(s.area0) or p.area)) / (now - at), seconds / tokens, 1)
   return true
+end
+
+-- A stall the cap line planned: the declared round s, by the fit and its progress so far, still
+-- ends by CAP_SHARE of its cap at the load running now. Its watchdog's stall threshold is then not
+-- news about the provider: the line already holds the room it needs.
+local function stall_planned(T, p, s, now)
+  local tokens, at, virt0 = tonumber(s.tokens), tonumber(s.at), tonumber(s.virt0)
+  local f = tokens and at and virt0 and p.sized > 0 and p.running > 0 and fit_of(p)
+  if not f then return false end
+  local rate = rate_at(f, p.running)
+  local virt = p.virt + (p.clockAt > 0 and now > p.clockAt and rate * (now - p.clockAt) or 0)
+  local left = CAP_SHARE * T.round_cap - (now - at)
+  return left > 0 and tokens - (virt - virt0) <= rate * left
 end
 
 -- The ceiling of pool p now (0 = none): for each declared round running, the most rounds in

@@ -62,6 +62,9 @@ local function grow(T, p, now)
   local since = now - p.lastGrow
   if since >= 0 and since < grow_interval(T, p) then return false end
   if not has_demand(T, p, now) then return false end -- an idle pool keeps its estimate
+  -- the cap line holds the load below K̂ (capline.lua): the rounds do not reach K̂, so nothing
+  -- tests a higher one
+  if p.sized > 0 and p.ceiling > 0 and math.floor(p.ceiling) < slots(p) then return false end
   if p.exhausted ~= 1 then
     -- limited slow start: a step adds at most slow_start_step rounds (a policy stored before the
     -- tunable existed: no limit, until it is applied again)

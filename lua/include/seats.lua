@@ -5,7 +5,9 @@
 --                    alternative), borrowedFor (the primary a borrow runs for), signalled, probe,
 --                    load (rounds running on the pool when admitted, itself included), tokens
 --                    (its declared size, '' = none), area0 and virt0 (the pool's load clock when
---                    it was admitted: capline.lua)
+--                    it was admitted; virt0 re-anchored by its progress reports), pAt pArea pTok
+--                    (its last progress report: when, the clock's area, the tokens received:
+--                    capline.lua)
 --   sized:<p>        sorted set: the declared rounds running on p -> tokens (capline.lua)
 --   tickets          sorted set: ticket id -> lease expiry
 --   ticket:<id>      hash: lane, pool, pod, agent, since

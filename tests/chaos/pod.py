@@ -11,7 +11,7 @@ off), username/password (the ACL pod user), confirm_replicas (WAIT for that many
 each release and charge).
 
 Each worker thread loops until SIGTERM: pick a lane and a pool (and for half the rounds a declared
-size, `tokens`: the cap line's bookkeeping meets every fault), `with adm.round(...)`, call the
+size, `tokens`, reported halfway with `progress`: the cap line's bookkeeping meets every fault), `with adm.round(...)`, call the
 provider, book a mid-round charge (key "step") and set the round's cost, and end. Every step is
 a JSON line in the journal, written *before* the call it announces (a charge that may have been
 applied is always in the journal) and after it returns:
@@ -154,7 +154,14 @@ def main() -> int:
                         call_provider(conn, cfg["provider"], r.pool)
                     journal("charge", id=rid, usd=step_usd)
                     r.charge(step_usd, key="step")
-                    time.sleep(rng.uniform(*work))
+                    took = rng.uniform(*work)
+                    time.sleep(took / 2)
+                    if tokens:  # halfway, a declared round reports its progress (best effort)
+                        try:
+                            r.progress(tokens / 2)
+                        except AdmissionError as exc:
+                            journal("progress-lost", id=rid, error=type(exc).__name__)
+                    time.sleep(took / 2)
                     r.cost_usd = cost_usd
                     journal("cost", id=rid, usd=cost_usd)
                 journal("released", id=rid)

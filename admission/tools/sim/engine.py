@@ -200,6 +200,16 @@ class Sim:
         else:
             self._ask(rnd.item)  # the worker asks again at once (and waits)
 
+    def received(self, pod: str) -> list[tuple[Any, float]]:
+        """(seat, tokens received so far) of every round of ``pod`` the provider is serving now."""
+        out = []
+        for rnd in self.rounds.values():
+            if rnd.pod == pod and rnd.seat is not None:
+                pool = self.pools[rnd.pool]
+                pool.advance(self.now)
+                out.append((rnd.seat, rnd.tokens - pool.remaining(rnd.id)))
+        return out
+
     def on_decision(self, rnd: Round, decision: Any) -> None:
         """The admission's answer to one ask (the provider-day scenario reads the reasons)."""
 

@@ -331,6 +331,11 @@ class SeedAndGrow(Policy):
 
     def clock(self, pod, now):
         mesh = self.mesh[pod]
+        # the tokens each of this pod's declared rounds has received so far, as a streaming worker
+        # counts them: the cap line's fit gets its points while the rounds run
+        received = self.sim.received(pod)
+        if received:
+            self.adm[pod].progress(received, now=now)
         tick = self.adm[pod].tick(now=now)
         out = []
         for pool, est in tick.grew.items():

@@ -1,0 +1,63 @@
+--[[
+  progress — a pod says how many tokens each of its running rounds has received so far (a
+  streaming worker counts them). Each declared round's stretch since its last report is a point of
+  the cap line's fit, and its progress re-anchors what the ceiling counts as received
+  (capline.lua): a cold pool has its line within a report or two, not when its first rounds end.
+
+  KEYS[1]  adm:{<mesh>}:config
+  ARGV[1]  pod
+  ARGV[2]  now ('' = Redis TIME)
+  ARGV[3..] groups of (seat id, seq, tokens received so far: a number in [0, 1e9]); at most 10,000
+
+  Reply: {status, points (reports that became a point of the fit), lost seat ids (array)}
+    status REPORTED; a lost seat is not this pod's live seat at that seq (released, swept, or
+    another pod's): nothing of it is written. A round that declared no size, or with no tokens
+    or no time since its last report, adds nothing.
+  Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_NO_CONFIG
+]]
+--@include "codes"
+--@include "util"
+--@include "config"
+--@include "pool"
+--@include "seats"
+--@include "capline"
+
+local MAX_REPORTS = 10000
+
+return run(function()
+  local pod = check_name('pod', ARGV[1])
+  local now = clock(ARGV[2])
+  local n = #ARGV - 2
+  if n % 3 ~= 0 then fail(ERR.BAD_ARG, 'expected groups of 3 arguments (seat id, seq, tokens), got ' .. n) end
+  if n / 3 > MAX_REPORTS then fail(ERR.BAD_ARG, 'at most ' .. MAX_REPORTS .. ' rounds per call') end
+  local reports = {}
+  for b = 3, #ARGV, 3 do
+    local got = check_num('tokens received', ARGV[b + 2], nil, 0)
+    if got > MAX_TOKENS then fail(ERR.BAD_ARG, 'tokens received must be at most 1e9, got ' .. ARGV[b + 2]) end
+    reports[#reports + 1] = {id = check_name('seat id', ARGV[b]), seq = check_seq(ARGV[b + 1]), got = got}
+  end
+  local cfg = load_config(nil)
+  -- validated: writes may start
+
+  local pools, order, lost, points = {}, {}, {}, 0
+  for _, r in ipairs(reports) do
+    local s = read_hash(key('seat', r.id))
+    if not s or s.pod ~= pod or tonumber(s.seq) ~= r.seq then
+      lost[#lost + 1] = r.id
+    elseif s.tokens and s.tokens ~= '' then
+      local p = pools[s.pool]
+      if not p then -- each pool's clock moves once, to now, before its first point
+        p = load_pool(cfg.T, s.pool)
+        advance_clock(p, now)
+        pools[s.pool], order[#order + 1] = p, p
+      end
+      local fields = fit_progress(p, s, now, r.got)
+      if fields then
+        redis.call('HSET', key('seat', r.id), unpack(fields))
+        points = points + 1
+      end
+    end
+  end
+  for _, p in ipairs(order) do save_pool(p, CLOCK_FIT_FIELDS) end
+  return {STATUS.REPORTED, points, lost}
+end)
