@@ -205,21 +205,21 @@ def _revision(revision: int | None, required: bool) -> str:
 MAX_TOKENS = 1_000_000_000
 
 
+def _token_count(what: str, x: float, low: int) -> str:
+    """A count of tokens: a finite number in [low, 1e9]."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not low <= x <= MAX_TOKENS:
+        raise BadArgument(f"{what} must be a finite number in [{low}, {MAX_TOKENS:.0e}], got {x!r}")
+    return repr(float(x)) if isinstance(x, float) else str(x)
+
+
 def _tokens(tokens: float | None) -> str:
     """A round's declared size ('' = not declared): a finite number of tokens in [1, 1e9]."""
-    if tokens is None:
-        return ""
-    if (isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or not math.isfinite(tokens)
-            or not 1 <= tokens <= MAX_TOKENS):
-        raise BadArgument(f"tokens must be a finite number in [1, {MAX_TOKENS:.0e}], got {tokens!r}")
-    return repr(float(tokens)) if isinstance(tokens, float) else str(tokens)
+    return "" if tokens is None else _token_count("tokens", tokens, 1)
 
 
 def _received(got: float) -> str:
     """Tokens a running round has received so far: a finite number in [0, 1e9]."""
-    if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got) or not 0 <= got <= MAX_TOKENS:
-        raise BadArgument(f"tokens received must be a finite number in [0, {MAX_TOKENS:.0e}], got {got!r}")
-    return repr(float(got)) if isinstance(got, float) else str(got)
+    return _token_count("tokens received", got, 0)
 
 
 def _seconds(seconds: float, what: str = "seconds") -> str:

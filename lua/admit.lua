@@ -60,8 +60,9 @@
 --@include "codes"
 --@include "util"
 --@include "config"
---@include "pool"
+-- the cap line before the pool: growth stops at the line (pool.lua grow)
 --@include "capline"
+--@include "pool"
 --@include "lanes"
 --@include "events"
 --@include "seats"

@@ -32,9 +32,8 @@ return run(function()
   if n / 3 > MAX_REPORTS then fail(ERR.BAD_ARG, 'at most ' .. MAX_REPORTS .. ' rounds per call') end
   local reports = {}
   for b = 3, #ARGV, 3 do
-    local got = check_num('tokens received', ARGV[b + 2], nil, 0)
-    if got > MAX_TOKENS then fail(ERR.BAD_ARG, 'tokens received must be at most 1e9, got ' .. ARGV[b + 2]) end
-    reports[#reports + 1] = {id = check_name('seat id', ARGV[b]), seq = check_seq(ARGV[b + 1]), got = got}
+    reports[#reports + 1] = {id = check_name('seat id', ARGV[b]), seq = check_seq(ARGV[b + 1]),
+      got = check_token_count('tokens received', ARGV[b + 2], 0)}
   end
   local cfg = load_config(nil)
   -- validated: writes may start

@@ -36,12 +36,17 @@ local function clock_numbers(p)
   p.clockRead = true
 end
 
--- A declared size: '' = none (nil), else a finite number in [1, MAX_TOKENS].
+-- A count of tokens: a finite number in [min, MAX_TOKENS].
+local function check_token_count(what, s, min)
+  local x = check_num(what, s, nil, min)
+  if x > MAX_TOKENS then fail(ERR.BAD_ARG, what .. ' must be at most 1e9, got ' .. s) end
+  return x
+end
+
+-- A declared size: '' = none (nil), else a count of tokens in [1, MAX_TOKENS].
 local function check_tokens(s)
   if s == nil or s == '' then return nil end
-  local x = check_num('tokens', s, nil, 1)
-  if x > MAX_TOKENS then fail(ERR.BAD_ARG, 'tokens must be at most 1e9, got ' .. s) end
-  return x
+  return check_token_count('tokens', s, 1)
 end
 
 -- The fit {a, b}: seconds per token = a + b * rounds in flight; nil until it has its points and
@@ -138,34 +143,29 @@ local function fit_progress(p, s, now, got)
 end
 
 -- A clean release of a declared round adds its point to the fit (the clock already advanced):
--- its whole life, or the stretch since its last progress report; true when it did.
+-- the stretch since its last progress report, or its whole life (then its own seconds); true
+-- when it did.
 local function fit_release(p, s, now, seconds)
   clock_numbers(p)
   local tokens = tonumber(s.tokens)
-  if not tokens or not tonumber(s.at) or seconds <= 0 then return false end
-  if s.pAt then -- reported in pieces: the last one, from its last report to its end
-    local at, area0, before = progress_anchor(p, s)
-    if now <= at or tokens <= before then return false end
-    fit_add(p, (p.area - area0) / (now - at), (now - at) / (tokens - before), (tokens - before) / tokens)
-    return true
-  end
-  local at = tonumber(s.at)
-  if now <= at then return false end
-  fit_add(p, (p.area - (tonumber(s.area0) or p.area)) / (now - at), seconds / tokens, 1)
+  local at, area0, before = progress_anchor(p, s)
+  if not tokens or not at or seconds <= 0 or now <= at or tokens <= before then return false end
+  local y = s.pAt and (now - at) / (tokens - before) or seconds / tokens
+  fit_add(p, (p.area - area0) / (now - at), y, (tokens - before) / tokens)
   return true
 end
 
 -- A stall the cap line planned: the declared round s, by the fit and its progress so far, still
 -- ends by CAP_SHARE of its cap at the load running now. Its watchdog's stall threshold is then not
--- news about the provider: the line already holds the room it needs.
+-- news about the provider: the line already holds the room it needs. (It moves p's clock to now;
+-- the caller does not save it.)
 local function stall_planned(T, p, s, now)
   local tokens, at, virt0 = tonumber(s.tokens), tonumber(s.at), tonumber(s.virt0)
   local f = tokens and at and virt0 and p.sized > 0 and p.running > 0 and fit_of(p)
   if not f then return false end
-  local rate = rate_at(f, p.running)
-  local virt = p.virt + (p.clockAt > 0 and now > p.clockAt and rate * (now - p.clockAt) or 0)
+  advance_clock(p, now)
   local left = CAP_SHARE * T.round_cap - (now - at)
-  return left > 0 and tokens - (virt - virt0) <= rate * left
+  return left > 0 and tokens - (p.virt - virt0) <= rate_at(f, p.running) * left
 end
 
 -- The ceiling of pool p now (0 = none): for each declared round running, the most rounds in
