@@ -146,13 +146,14 @@ class AsyncAdmission(ClientBase):
 
     async def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
                       cost_usd: float | None = None, now: float | None = None, at: float | None = None,
-                      retry_after: float | None = None) -> Released:
+                      retry_after: float | None = None, received: float | None = None) -> Released:
         call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now, at=at,
-                                 retry_after=retry_after)
+                                 retry_after=retry_after, received=received)
         self._book.drop(seat.id)  # never renewed again, whatever the answer
         released, acked = await self._exec_ledger(call, self._confirming())
         if acked < self._confirm_replicas:  # applied, but a failover could still lose it: it waits
-            await asyncio.to_thread(self._queue, release_record(seat, outcome, seconds, cost_usd, at, retry_after),
+            await asyncio.to_thread(self._queue, release_record(seat, outcome, seconds, cost_usd, at, retry_after,
+                                                                   received),
                                     str(self._unconfirmed(acked)))
         if released.stats is not None:
             self._note_stats({released.pool: released.stats})

@@ -18,7 +18,7 @@ import redis
 from . import policy as policy_mod
 from ._log import get_logger
 from .codes import OUTCOMES, UNAVAILABLE
-from .core import UNREACHABLE, Call, Core, Decision, Heartbeat, Seat, _money, _retry_after
+from .core import UNREACHABLE, Call, Core, Decision, Heartbeat, Seat, _money, _received_total, _retry_after
 from .errors import AdmissionError, BadArgument, NotYourSeat, RoundInProgress, Unavailable
 from .health import SamplerRun, samplers_from_policy
 from .outbox import Outbox, OutboxFull, Retry, Unconfirmed
@@ -52,12 +52,13 @@ MAX_PENDING = 10_000
 
 
 def release_record(seat: Seat, outcome: str, seconds: float, cost_usd: float | None,
-                   at: float | None = None, retry_after: float | None = None) -> dict[str, Any]:
+                   at: float | None = None, retry_after: float | None = None,
+                   received: float | None = None) -> dict[str, Any]:
     """A release as a ledger record (plain values: what the outbox stores). ``at``: when the
     round ended (its cost's UTC day); None while it is tried at once. ``retry_after``: the
-    provider's Retry-After (s) the round ended with."""
+    provider's Retry-After (s) the round ended with; ``received``: the tokens it received in all."""
     return {"op": "release", "seat": list(astuple(seat)), "outcome": outcome, "seconds": seconds,
-            "cost_usd": cost_usd, "at": at, "retry_after": retry_after}
+            "cost_usd": cost_usd, "at": at, "retry_after": retry_after, "received": received}
 
 
 def charge_record(seat: Seat, cost_usd: float, key: str, at: float | None) -> dict[str, Any]:
@@ -295,8 +296,9 @@ class ClientBase:
     @staticmethod
     def _exit_record(handle: Any, outcome: str, seconds: float,
                      retry_after: float | None = None) -> tuple[dict[str, Any], BadArgument | None]:
-        """The release a round's exit sends. A bad outcome, price or Retry-After set on the round
-        is an error for the caller, but never keeps the seat: the round is released without it."""
+        """The release a round's exit sends. A bad outcome, price, Retry-After or received count
+        set on the round is an error for the caller, but never keeps the seat: the round is
+        released without it."""
         cost, bad = handle.cost_usd, None
         try:
             _money(cost)
@@ -308,12 +310,17 @@ class ClientBase:
             _retry_after(retry_after)
         except BadArgument as exc:
             bad, retry_after = exc, None
+        received = getattr(handle, "received", None)
+        try:
+            _received_total(received)
+        except BadArgument as exc:
+            bad, received = exc, None
         if outcome not in OUTCOMES:
             bad = BadArgument(f"round outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
             outcome = "error"
         if bad is not None:
             log.error("release_bad_argument", round=handle.seat.id, error=str(bad))
-        return release_record(handle.seat, outcome, seconds, cost, retry_after=retry_after), bad
+        return release_record(handle.seat, outcome, seconds, cost, retry_after=retry_after, received=received), bad
 
     def _server_time(self) -> float:
         """Now on the server's clock, as far as this pod's last heartbeat told it."""
@@ -331,7 +338,8 @@ class ClientBase:
         if retry_after is not None and record["at"] is not None:
             retry_after = max(0.0, record["at"] + retry_after - self._server_time()) or None
         call = core.release(seat, outcome=record["outcome"], seconds=record["seconds"],
-                            cost_usd=record["cost_usd"], at=record["at"], retry_after=retry_after)
+                            cost_usd=record["cost_usd"], at=record["at"], retry_after=retry_after,
+                            received=record.get("received"))
         lost = None if record["cost_usd"] is None else core.charge(seat, cost_usd=record["cost_usd"],
                                                                    key="release", at=record["at"])
         return call, lost

@@ -57,6 +57,7 @@ class Round:
         self.outcome: str | None = None  # set to override the outcome reported on exit
         self.cost_usd: float | None = None  # set to the round's price
         self.retry_after: float | None = None  # set to the provider's Retry-After (s) it ended with
+        self.received: float | None = None  # set to the tokens it received in all (declared: the fit's last point)
         self._adm = adm
 
     def report(self, signal: str, retry_after: float | None = None) -> Released:
@@ -212,19 +213,22 @@ class Admission(ClientBase):
 
     def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
                 cost_usd: float | None = None, now: float | None = None, at: float | None = None,
-                retry_after: float | None = None) -> Released:
+                retry_after: float | None = None, received: float | None = None) -> Released:
         """End a round: free the seat, count the outcome, book its cost (to the UTC day of ``at``,
         default now). Safe to retry after a lost reply.
         The pod stops renewing the seat first, whatever the answer: an ended round is never
         re-asserted. ``retry_after``: the provider's Retry-After (s) with a rate_limited outcome
-        pauses new admissions on the pool until then (at most the tunable retry_after_max)."""
+        pauses new admissions on the pool until then (at most the tunable retry_after_max).
+        ``received``: the tokens the round received in all, when its declared size was an upper
+        bound (an answer budget): the cap line's fit measures its last stretch with it."""
         call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now, at=at,
-                                 retry_after=retry_after)
+                                 retry_after=retry_after, received=received)
         with self._cond:
             self._book.drop(seat.id)
         released, acked = self._exec_ledger(call, self._confirming())
         if acked < self._confirm_replicas:  # applied, but a failover could still lose it: it waits
-            self._queue(release_record(seat, outcome, seconds, cost_usd, at, retry_after), str(self._unconfirmed(acked)))
+            self._queue(release_record(seat, outcome, seconds, cost_usd, at, retry_after, received),
+                        str(self._unconfirmed(acked)))
         if released.stats is not None:
             self._note_stats({released.pool: released.stats})
         return released

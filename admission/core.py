@@ -212,6 +212,11 @@ def _token_count(what: str, x: float, low: int) -> str:
     return repr(float(x)) if isinstance(x, float) else str(x)
 
 
+def _received_total(tokens: float | None) -> str:
+    """The tokens a round received in all ('' = its declared size): a finite number in [0, 1e9]."""
+    return "" if tokens is None else _token_count("received", tokens, 0)
+
+
 def _tokens(tokens: float | None) -> str:
     """A round's declared size ('' = not declared): a finite number of tokens in [1, 1e9]."""
     return "" if tokens is None else _token_count("tokens", tokens, 1)
@@ -360,13 +365,15 @@ class Core:
 
     def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
                 cost_usd: float | None = None, now: float | None = None, at: float | None = None,
-                retry_after: float | None = None) -> Call:
+                retry_after: float | None = None, received: float | None = None) -> Call:
         """``at``: when the round ended (its cost's UTC day; a replay from the outbox keeps it).
-        ``retry_after``: the provider's Retry-After (s) with a rate_limited outcome: pauses the pool."""
+        ``retry_after``: the provider's Retry-After (s) with a rate_limited outcome: pauses the pool.
+        ``received``: the tokens the round received in all (a declared round's last point of the
+        cap line's fit measures with it instead of the declared size)."""
         if outcome not in OUTCOMES:
             raise BadArgument(f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
         args = [seat.id, str(seat.seq), self.pod, outcome, _seconds(seconds), _money(cost_usd), _now(now),
-                _epoch("at", at), _retry_after(retry_after)]
+                _epoch("at", at), _retry_after(retry_after), _received_total(received)]
 
         def decode(r):
             stats = (float(r[4]), float(r[5]), float(r[6]) / 1e6) if r[4] else None

@@ -17,6 +17,9 @@
            the outbox keeps its day)
   ARGV[9]  retry after: seconds the provider asked to wait (its Retry-After with a 429 or 529;
            '' = none): a rate_limited outcome pauses the pool until then (outcome.lua)
+  ARGV[10] received: the tokens the round received in all ('' or absent = its declared size): a
+           declared round's clean release measures its last stretch with it (capline.lua), so a
+           size declared as an upper bound (an answer budget) does not read as a fast round
 
   Reply: {status, pool, decreased (0/1), est, successes, failures, mean cost (micro-USD)}
     (the pool's outcome counts after this one: what the client's Thompson draws read; '' on a
@@ -49,6 +52,7 @@ return run(function()
   local now = clock(ARGV[7])
   local at = check_at(ARGV[8], now)
   local retry_after = check_num('retry after', ARGV[9], 0, 0) -- 0: none
+  local received = ARGV[10] and ARGV[10] ~= '' and check_token_count('received', ARGV[10], 0) or nil
   local cfg = load_config(nil)
 
   local s = check_owner(id, read_hash(key('seat', id)), seq, pod)
@@ -78,7 +82,7 @@ return run(function()
   if p.sized > 0 then
     advance_clock(p, now)
     fields = SIGNAL_CLOCK_FIELDS
-    if outcome == 'clean' and s.tokens and s.tokens ~= '' and fit_release(p, s, now, seconds) then
+    if outcome == 'clean' and s.tokens and s.tokens ~= '' and fit_release(p, s, now, seconds, received) then
       fields = SIGNAL_FIT_FIELDS
     end
   end

@@ -145,7 +145,7 @@ def _templates(seats: dict[str, Any]) -> dict[str, list[list[bytes]]]:
                   ["kid", "", "m@p", "pod-b", "rev", NOW, "0.1", "0", "s1", "4", ""],
                   ["brw", "b", "m@p", "pod-a", "", NOW, "0.9", "0", "", "2", "n@p"],
                   ["big", "a", "m@p", "pod-a", "", NOW, "0.2", "1", "", "", "", "40000"]],
-        "release": [[*seat(s1), "clean", "1.5", "20000", NOW, "", ""],
+        "release": [[*seat(s1), "clean", "1.5", "20000", NOW, "", "", "4200"],
                     [*seat(s2), "rate_limited", "3", "", NOW, NOW, "30"],
                     [*seat(child), "key_rejected", "0", "0", NOW, "", ""]],
         "report": [[*seat(s1), "stall", NOW, ""], [*seat(s2), "rate_limited", NOW, "20"]],

@@ -460,6 +460,158 @@ def test_anthropic_async_wrapper_admits_and_holds_a_stream(server_url, provider)
     assert ledger["a"]["anthropic"] == pytest.approx(usd(CLAUDE, message.usage) + usd(CLAUDE, final.usage))
 
 
+# -- sizes and progress (the cap line) ------------------------------------------------------------
+def test_answer_chars_count_the_text_deltas_of_every_sdks_stream_items():
+    from admission.integrations._streams import answer_chars
+
+    chat = {"choices": [{"delta": {"content": "hello", "tool_calls": [{"function": {"arguments": '{"a":1}'}}]}}]}
+    assert answer_chars(chat) == 5 + 7
+    assert answer_chars({"type": "response.output_text.delta", "delta": "abc"}) == 3      # Responses / helpers
+    assert answer_chars({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "four"}}) == 4
+    assert answer_chars({"delta": {"partial_json": '{"x"'}}) == 4 and answer_chars({"delta": {"thinking": "hm"}}) == 2
+    assert answer_chars({"type": "message_delta", "delta": {"stop_reason": "end_turn"}}) == 0
+    assert answer_chars({"choices": []}) == answer_chars(None) == 0
+
+
+def test_a_stream_meter_reports_when_due_and_the_usage_wins_at_the_end():
+    from admission.integrations._prices import UsageTracker
+    from admission.integrations._streams import PROGRESS_EVERY, ProgressMeter
+
+    now = [0.0]
+    usage = UsageTracker()
+    meter = ProgressMeter(lambda n: None, clock=lambda: now[0])
+    assert meter.see({"delta": "x" * 40}, usage) is None                # not due yet
+    now[0] += PROGRESS_EVERY
+    assert meter.see({"delta": "x" * 40}, usage) == 20                  # 80 characters, 4 a token
+    now[0] += PROGRESS_EVERY
+    assert meter.see({"delta": ""}, usage) is None                      # nothing new
+    usage.see({"usage": {"output_tokens": 31}})                         # a usage count above the estimate
+    assert meter.see({"delta": ""}, usage) == 31
+    assert meter.received(usage) == 31
+    assert ProgressMeter(None).see({"delta": "x" * 400}, usage) is None and ProgressMeter(None).received(usage) is None
+    assert ProgressMeter(lambda n: None).received(UsageTracker()) == 0  # no usage, no text
+
+
+class ReleaseSpy:
+    """The ``received`` of every release an admission sends (its core's release, wrapped)."""
+
+    def __init__(self, adm, monkeypatch):
+        self.received: dict[str, float | None] = {}
+        core, release = adm.core, adm.core.release
+
+        def spy(seat, **kw):
+            self.received[seat.id] = kw.get("received")
+            return release(seat, **kw)
+
+        monkeypatch.setattr(core, "release", spy)
+
+
+def seat_field(adm, round_id: str, field: str):
+    v = adm.redis.hget(f"adm:{{{adm.mesh}}}:seat:{round_id}", field)
+    return None if v is None else float(v)
+
+
+def test_a_declared_call_ends_its_round_with_the_answer_tokens_it_received(make_adm, provider, monkeypatch):
+    adm = make_adm()
+    _, url = provider()
+    spy = ReleaseSpy(adm, monkeypatch)
+    client = oai(url, adm)
+    answer = client.chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60, tokens=4000, round_id="d-1")
+    assert spy.received["d-1"] == answer.usage.completion_tokens == 60   # not the 4,000 declared
+    client.chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60, round_id="u-1")
+    assert spy.received["u-1"] is None                                   # declared nothing: sends nothing
+    # the answer budget as the size, when the wrapper declares budgets
+    budget = oai(url, adm, declare_budget=True)
+    stream = budget.chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60, stream=True, round_id="b-1",
+                                            stream_options={"include_usage": True})
+    assert seat_field(adm, "b-1", "tokens") == 60
+    chunks = list(stream)
+    assert spy.received["b-1"] == chunks[-1].usage.completion_tokens
+    with pytest.raises(BadArgument):
+        oai(url, adm, declare_budget="yes")
+    with pytest.raises(BadArgument):                                     # a bad size: refused, nothing seated
+        client.chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60, tokens=-5, round_id="bad-1")
+    assert running(adm) == 0 and adm.redis.get(f"adm:{{{adm.mesh}}}:gone:bad-1") is None
+
+
+def test_a_declared_stream_reports_its_progress_and_a_failed_report_never_fails_it(make_adm, provider, monkeypatch):
+    from admission.integrations import _streams
+
+    monkeypatch.setattr(_streams, "PROGRESS_EVERY", 0.0)  # every item with new tokens reports
+    adm = make_adm()
+    _, url = provider()
+    spy = ReleaseSpy(adm, monkeypatch)
+    client = oai(url, adm)
+    stream = client.chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60, tokens=60, stream=True,
+                                            round_id="p-1")
+    seen = []
+    for _ in stream:
+        got = seat_field(adm, "p-1", "pTok")
+        if got is not None and (not seen or got != seen[-1]):
+            seen.append(got)
+    assert len(seen) >= 2 and seen == sorted(seen)                       # reported as it came, growing
+    assert spy.received["p-1"] == pytest.approx(seen[-1], abs=1)        # no usage chunk: the estimate
+    # a report Redis refuses: logged, the stream goes on and its round ends as usual
+    from admission import Unavailable
+
+    def down(*a, **kw):
+        raise Unavailable("redis is down")
+
+    monkeypatch.setattr(adm, "progress", down)
+    chunks = list(client.chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60, tokens=60, stream=True,
+                                                 stream_options={"include_usage": True}, round_id="p-2"))
+    assert chunks and running(adm) == 0 and spy.received["p-2"] == chunks[-1].usage.completion_tokens
+
+
+def test_anthropic_stream_helper_reports_progress_and_sends_the_output_tokens(make_adm, provider, monkeypatch):
+    from admission.integrations import _streams
+
+    monkeypatch.setattr(_streams, "PROGRESS_EVERY", 0.0)
+    adm = make_adm()
+    _, url = provider()
+    spy = ReleaseSpy(adm, monkeypatch)
+    client = adm_anthropic.wrap(anthropic.Anthropic(base_url=url, api_key=KEY), adm, lane="a", declare_budget=True)
+    with client.messages.stream(model="claude-x", messages=ASK, max_tokens=40, round_id="h-1") as stream:
+        assert seat_field(adm, "h-1", "tokens") == 40
+        reported = [seat_field(adm, "h-1", "pTok") for _ in stream]
+        final = stream.get_final_message()
+    assert any(r for r in reported)
+    assert spy.received["h-1"] == final.usage.output_tokens
+
+
+def test_an_async_declared_stream_reports_progress_and_sends_what_it_received(server_url, provider, monkeypatch):
+    from admission.integrations import _streams
+
+    monkeypatch.setattr(_streams, "PROGRESS_EVERY", 0.0)
+    _, url = provider()
+
+    async def main():
+        adm = await async_adm(server_url)
+        sent = {}
+        release = adm.core.release
+
+        def spy(seat, **kw):
+            sent[seat.id] = kw.get("received")
+            return release(seat, **kw)
+
+        adm.core.release = spy
+        client = adm_openai.wrap(openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY), adm, lane="a",
+                                 declare_budget=True)
+        answer = await client.chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60, round_id="q-0")
+        stream = await client.chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60, stream=True,
+                                                      stream_options={"include_usage": True}, round_id="q-1")
+        key = f"adm:{{{adm.mesh}}}:seat:q-1"
+        reported = []
+        async for _ in stream:
+            reported.append(await adm.redis.hget(key, "pTok"))
+        await aclose(adm)
+        return answer, sent, reported
+
+    answer, sent, reported = asyncio.run(main())
+    assert sent["q-0"] == answer.usage.completion_tokens
+    assert any(reported) and sent["q-1"] == 60
+
+
 # -- the httpx transports -------------------------------------------------------------------------
 def body(max_tokens: int = 60) -> dict:
     return {"model": "gpt-x", "messages": ASK, "max_tokens": max_tokens}

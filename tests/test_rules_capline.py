@@ -301,13 +301,17 @@ def test_cap_line_progress_of_a_seat_not_this_pods_live_one_is_lost_and_writes_n
     assert snapshot(redis_client) == before
 
 
+@pytest.mark.parametrize("call", ["progress", "release"])
 @pytest.mark.parametrize("bad", [-1, math.nan, math.inf, 2e9, True, "100"])
-def test_cap_line_a_bad_progress_is_refused_before_any_write(redis_client, bad):
+def test_cap_line_a_bad_progress_or_received_count_is_refused_before_any_write(redis_client, bad, call):
     a, t = trained(redis_client)
     m = a.try_admit(lane="a", model=POOL, round_id="m", now=t, draw=0.0, tokens=5_000).seat
     before = snapshot(redis_client)
     with pytest.raises(BadArgument):
-        a.progress([(m, 10.0), (m, bad)], now=t + 10)
+        if call == "progress":
+            a.progress([(m, 10.0), (m, bad)], now=t + 10)
+        else:
+            a.release(m, outcome="clean", seconds=10, now=t + 10, received=bad)
     assert snapshot(redis_client) == before
 
 
@@ -407,3 +411,89 @@ def test_cap_line_round_reports_progress_sync_and_async(redis_client, async_clie
         await b.close()
 
     asyncio.run(main())
+
+
+# -- the tokens received in all: a size declared as an upper bound -------------------------------
+def test_cap_line_a_release_measures_the_tokens_received_not_the_declared_budget(redis_client):
+    # a round declared with an answer budget of 10,000 tokens that received 2,000: its point is
+    # its seconds over the 2,000 (the provider's true pace), not over the budget (5x too fast)
+    a = adm(redis_client, pol=policy(lanes(), seed_estimate=100))
+    t = T0
+    m = a.try_admit(lane="a", model=POOL, round_id="m", now=t, draw=0.0, tokens=10_000).seat
+    took = seconds_for(2_000, 1)
+    a.release(m, outcome="clean", seconds=took, now=t + took, received=2_000)
+    st = pool_state(redis_client)
+    assert float(st["fitN"]) == 1 and float(st["fitW"]) == pytest.approx(1.0)
+    assert float(st["fitY"]) == pytest.approx(A + B)
+    # reported in part first: the release adds only the tail since the report, over what came
+    t += took + 1
+    m = a.try_admit(lane="a", model=POOL, round_id="m2", now=t, draw=0.0, tokens=10_000).seat
+    a.progress([(m, 1_000.0)], now=t + seconds_for(1_000, 1))
+    before = {k: float(v) for k, v in pool_state(redis_client).items() if k in ("fitW", "fitY")}
+    a.release(m, outcome="clean", seconds=seconds_for(3_000, 1), now=t + seconds_for(3_000, 1), received=3_000)
+    st = pool_state(redis_client)
+    w_tail = 2_000 / 3_000
+    assert float(st["fitN"]) == 3
+    assert float(st["fitW"]) == pytest.approx(before["fitW"] * 0.95 ** w_tail + w_tail)
+    assert float(st["fitY"]) == pytest.approx(before["fitY"] * 0.95 ** w_tail + w_tail * (A + B))
+    # nothing past its last report, or nothing at all: no point
+    t += 100
+    m = a.try_admit(lane="a", model=POOL, round_id="m3", now=t, draw=0.0, tokens=10_000).seat
+    a.progress([(m, 500.0)], now=t + 5)
+    n = float(pool_state(redis_client)["fitN"])
+    a.release(m, outcome="clean", seconds=9, now=t + 9, received=500)
+    m = a.try_admit(lane="a", model=POOL, round_id="m4", now=t + 9, draw=0.0, tokens=10_000).seat
+    a.release(m, outcome="clean", seconds=3, now=t + 12, received=0)
+    assert float(pool_state(redis_client)["fitN"]) == n
+
+
+@pytest.mark.parametrize("raw", ["-5", "abc", "nan", "1e10"])
+def test_cap_line_the_script_refuses_a_bad_received_count_and_writes_nothing(redis_client, raw):
+    from admission import scripts
+
+    a, t = trained(redis_client)
+    m = a.try_admit(lane="a", model=POOL, round_id="m", now=t, draw=0.0, tokens=5_000).seat
+    before = snapshot(redis_client)
+    call = a.core.release(m, outcome="clean", seconds=10, now=t + 10, received=100)
+    call.args[9] = raw
+    with pytest.raises(Exception, match="ADM_BAD_ARG"):
+        scripts.call(redis_client, call.script, call.keys, call.args)
+    assert snapshot(redis_client) == before
+
+
+def test_cap_line_round_sends_what_it_received_sync_and_async(redis_client, async_client_factory):
+    import asyncio
+
+    from admission import AsyncAdmission
+
+    # a round that received nothing is no point of the fit; the same round with nothing set is one
+    a = adm(redis_client, pol=policy(lanes(), seed_estimate=10))
+    with a.round(lane="a", model=POOL, round_id="r", timeout=5, tokens=10_000) as r:
+        r.received = 0
+    assert float(pool_state(redis_client).get("fitN", 0)) == 0
+    with a.round(lane="a", model=POOL, round_id="r1", timeout=5, tokens=10_000):
+        pass
+    assert float(pool_state(redis_client)["fitN"]) == 1
+    # a bad count set on the round is an error for the caller, and the seat is released all the same
+    with pytest.raises(BadArgument):
+        with a.round(lane="a", model=POOL, round_id="r2", timeout=5, tokens=10_000) as r:
+            r.received = -3
+    assert redis_client.exists("adm:{t}:seat:r2") == 0
+
+    async def main():
+        b = AsyncAdmission(async_client_factory(), mesh="u", pod="q", background=False)
+        await b.apply_policy(policy(lanes(), seed_estimate=10), recovery_hold=False)
+
+        async def fit_n():
+            return float(await b.redis.hget("adm:{u}:pool:" + POOL, "fitN") or 0)
+
+        async with b.round(lane="a", model=POOL, round_id="s", timeout=5, tokens=10_000) as r:
+            r.received = 0
+        zero = await fit_n()
+        async with b.round(lane="a", model=POOL, round_id="s1", timeout=5, tokens=10_000):
+            pass
+        one = await fit_n()
+        await b.close()
+        return zero, one
+
+    assert asyncio.run(main()) == (0, 1)

@@ -16,7 +16,8 @@ Four ways in, each its own submodule, imported only when used (importing
 
 And ``use(lane=..., round_id=..., agent=...)``, a context (``with`` / ``async with``) that names
 the lane, round id and agent of the admitted calls made inside it. Per call, the SDK wrappers also
-take ``lane=``, ``round_id=``, ``agent=`` and ``pool=`` (popped before the SDK sees them).
+take ``lane=``, ``round_id=``, ``agent=``, ``pool=`` and ``tokens=`` (the round's declared size in
+answer tokens; popped before the SDK sees them).
 
 What they share, whichever you use: the SDK's or transport's errors are classified by the one
 classifier (``admission.classify``: 429/529 are load, with their Retry-After pausing the pool for

@@ -42,7 +42,9 @@ from ..errors import AdmissionError, BadArgument
 log = get_logger("admission.integrations")
 
 #: The keyword arguments an admitted call may carry for the admission (popped before the SDK).
-CALL_ARGS = ("lane", "round_id", "agent", "pool")
+CALL_ARGS = ("lane", "round_id", "agent", "pool", "tokens")
+#: Where an SDK call names its answer budget (OpenAI chat, OpenAI Responses, Anthropic).
+BUDGET_ARGS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
 def require(module: str, extra: str) -> ModuleType:
@@ -98,7 +100,8 @@ def context() -> Mapping[str, str]:
 class Settings:
     """A wrapper's defaults: ``lane``, the ``provider`` a model's pool is named after, explicit
     ``pools`` (model -> pool), load refusals retried (``retries``), the wait for a seat
-    (``timeout``) and whether calls inside a held round join it (``join``)."""
+    (``timeout``), whether calls inside a held round join it (``join``) and whether a call's
+    answer budget is its round's declared size (``declare_budget``)."""
 
     lane: str | None = None
     provider: str | None = None
@@ -106,6 +109,7 @@ class Settings:
     retries: int = 2
     timeout: float = 600.0
     join: bool = True
+    declare_budget: bool = False
 
     def __post_init__(self) -> None:
         if self.lane is not None and (not isinstance(self.lane, str) or not self.lane):
@@ -114,6 +118,8 @@ class Settings:
             raise BadArgument(f"retries must be a whole number >= 0, got {self.retries!r}")
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
             raise BadArgument(f"timeout must be a positive number of seconds, got {self.timeout!r}")
+        if not isinstance(self.declare_budget, bool):
+            raise BadArgument(f"declare_budget must be True or False, got {self.declare_budget!r}")
         pools = dict(self.pools or {})
         for model, pool in pools.items():
             if not isinstance(pool, str) or "@" not in pool:
@@ -151,6 +157,7 @@ class Ask:
     pool: str
     model: str | None
     round_id: str
+    tokens: float | None = None  # the round's declared size (answer tokens), None: not declared
 
 
 def pop_call_args(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -159,8 +166,19 @@ def pop_call_args(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in given.items() if v is not None}
 
 
-def ask_for(settings: Settings, given: Mapping[str, Any], model: Any) -> Ask:
-    """Per call, else the ``use()`` context, else the wrap-time default."""
+def answer_budget(kwargs: Mapping[str, Any]) -> int | None:
+    """The answer budget an SDK call names (``BUDGET_ARGS``), if it names a whole number."""
+    for name in BUDGET_ARGS:
+        v = kwargs.get(name)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def ask_for(settings: Settings, given: Mapping[str, Any], model: Any,
+            call_kwargs: Mapping[str, Any] | None = None) -> Ask:
+    """Per call, else the ``use()`` context, else the wrap-time default. The size: the call's
+    ``tokens=``, else its answer budget when the wrapper declares budgets, else none."""
     ctx = _CONTEXT.get()
     lane = given.get("lane") or ctx.get("lane") or settings.lane
     agent = given.get("agent") or ctx.get("agent")
@@ -168,8 +186,11 @@ def ask_for(settings: Settings, given: Mapping[str, Any], model: Any) -> Ask:
         raise BadArgument("no lane for this call: pass lane= when wrapping or to the call, or use(lane=...)")
     pool = given.get("pool") or settings.pool_of(model)
     round_id = given.get("round_id") or ctx.get("round_id") or uuid.uuid4().hex
+    tokens = given.get("tokens")
+    if tokens is None and settings.declare_budget:
+        tokens = answer_budget(call_kwargs or {})
     return Ask(lane=lane, agent=agent, pool=pool, model=model if isinstance(model, str) else None,
-               round_id=round_id)
+               round_id=round_id, tokens=tokens)
 
 
 def joinable(adm: Any, settings: Settings, given: Mapping[str, Any]) -> Any:

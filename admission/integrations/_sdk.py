@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from ._common import Ask, MovedAway, Settings, ask_for, charge_key, is_load, joinable, log, pop_call_args
-from ._prices import PRICES, _get, cost_of
+from ._prices import PRICES, _get, cost_of, tokens_of
 from ._streams import (AsyncHeldRound, AsyncRoundStream, AsyncRoundStreamManager, HeldRound, RoundStream,
                        RoundStreamManager)
 from ..classify import RATE_LIMITED, retry_after_of
@@ -30,6 +30,13 @@ def check_pair(adm: Any, is_async: bool, what: str) -> None:
                              else " (a sync client waits with Admission)"))
 
 
+def received_of(ask: Ask, usage: Any) -> float | None:
+    """A declared round's answer tokens received in all, from its usage (None: not declared, or
+    the usage says nothing)."""
+    tokens = tokens_of(usage) if ask.tokens is not None else None
+    return None if tokens is None else float(tokens.output)
+
+
 class _CallsBase:
     """What the sync and async runners share: resolving, the model to call, retry decisions."""
 
@@ -39,7 +46,13 @@ class _CallsBase:
     def round_for(self, ask: Ask) -> Any:
         # moves only to the pools this client can call (its provider's, or those ``pools`` names)
         return self.adm.round(lane=ask.lane, model=ask.pool, round_id=ask.round_id, timeout=self.settings.timeout,
-                              agent=ask.agent, move_to=lambda pool: self.settings.model_for(pool, ask) is not None)
+                              agent=ask.agent, move_to=lambda pool: self.settings.model_for(pool, ask) is not None,
+                              tokens=ask.tokens)
+
+    @staticmethod
+    def reporter(ask: Ask, handle: Any) -> Any:
+        """What a stream of this round calls with its progress (None: the round declared no size)."""
+        return handle.progress if ask.tokens is not None else None
 
     def _kwargs(self, kwargs: dict[str, Any], ask: Ask, handle: Any) -> dict[str, Any]:
         """The SDK's arguments for the pool the round was seated on (it may have moved)."""
@@ -75,7 +88,7 @@ class Calls(_CallsBase):
         handle = joinable(self.adm, self.settings, given)
         if handle is not None:
             return self._joined(handle, self._call_pool(given, kwargs.get("model")), fn, args, kwargs, stream)
-        ask = ask_for(self.settings, given, kwargs.get("model"))
+        ask = ask_for(self.settings, given, kwargs.get("model"), kwargs)
         for attempt in itertools.count():
             try:
                 return self._admitted(ask, fn, args, kwargs, stream)
@@ -96,14 +109,14 @@ class Calls(_CallsBase):
                 except Exception as exc:
                     self.report_load(handle, pool, exc)
                     raise
-                return inner, stream, functools.partial(self._end_joined, handle, pool)
-            ask = ask_for(self.settings, given, kwargs.get("model"))
+                return inner, stream, functools.partial(self._end_joined, handle, pool), None
+            ask = ask_for(self.settings, given, kwargs.get("model"), kwargs)
             for attempt in itertools.count():
                 held = HeldRound(self.round_for(ask))
                 r = held.open()
                 try:
                     inner = fn(*args, **self._kwargs(kwargs, ask, r))
-                    return inner, inner.__enter__(), functools.partial(self._end_held, held)
+                    return inner, inner.__enter__(), functools.partial(self._end_held, held), self.reporter(ask, r)
                 except BaseException as exc:
                     held.close(exc)
                     if not (isinstance(exc, Exception) and self._retry(exc, attempt, ask)):
@@ -121,15 +134,17 @@ class Calls(_CallsBase):
             except BaseException as exc:
                 held.close(exc)
                 raise
-            return RoundStream(result, functools.partial(self._end_held, held))
+            return RoundStream(result, functools.partial(self._end_held, held), self.reporter(ask, r))
         with self.round_for(ask) as r:
             result = fn(*args, **self._kwargs(kwargs, ask, r))
             r.cost_usd = self.cost(r.decision.config_version, r.pool, _get(result, "usage"))
+            r.received = received_of(ask, _get(result, "usage"))
             return result
 
     def _end_held(self, held: HeldRound, exc: BaseException | None, stream: RoundStream) -> None:
         r = held.handle
         try:
+            r.received = stream.meter.received(stream.usage)
             r.cost_usd = self.cost(r.decision.config_version, r.pool, stream.usage.usage())
         finally:
             held.close(exc)
@@ -189,7 +204,7 @@ class AsyncCalls(_CallsBase):
         handle = joinable(self.adm, self.settings, given)
         if handle is not None:
             return await self._joined(handle, self._call_pool(given, kwargs.get("model")), fn, args, kwargs, stream)
-        ask = ask_for(self.settings, given, kwargs.get("model"))
+        ask = ask_for(self.settings, given, kwargs.get("model"), kwargs)
         for attempt in itertools.count():
             try:
                 return await self._admitted(ask, fn, args, kwargs, stream)
@@ -210,14 +225,15 @@ class AsyncCalls(_CallsBase):
                 except Exception as exc:
                     await self.report_load(handle, pool, exc)
                     raise
-                return inner, stream, functools.partial(self._end_joined, handle, pool)
-            ask = ask_for(self.settings, given, kwargs.get("model"))
+                return inner, stream, functools.partial(self._end_joined, handle, pool), None
+            ask = ask_for(self.settings, given, kwargs.get("model"), kwargs)
             for attempt in itertools.count():
                 held = AsyncHeldRound(self.round_for(ask))
                 r = await held.open()
                 try:
                     inner = fn(*args, **self._kwargs(kwargs, ask, r))
-                    return inner, await inner.__aenter__(), functools.partial(self._end_held, held)
+                    return (inner, await inner.__aenter__(), functools.partial(self._end_held, held),
+                            self.reporter(ask, r))
                 except BaseException as exc:
                     await held.close(exc)
                     if not (isinstance(exc, Exception) and self._retry(exc, attempt, ask)):
@@ -236,15 +252,17 @@ class AsyncCalls(_CallsBase):
             except BaseException as exc:
                 await held.close(exc)
                 raise
-            return AsyncRoundStream(result, functools.partial(self._end_held, held))
+            return AsyncRoundStream(result, functools.partial(self._end_held, held), self.reporter(ask, r))
         async with self.round_for(ask) as r:
             result = await fn(*args, **self._kwargs(kwargs, ask, r))
             r.cost_usd = await self.cost(r.decision.config_version, r.pool, _get(result, "usage"))
+            r.received = received_of(ask, _get(result, "usage"))
             return result
 
     async def _end_held(self, held: AsyncHeldRound, exc: BaseException | None, stream: AsyncRoundStream) -> None:
         r = held.handle
         try:
+            r.received = stream.meter.received(stream.usage)
             r.cost_usd = await self.cost(r.decision.config_version, r.pool, stream.usage.usage())
         finally:
             await held.close(exc)

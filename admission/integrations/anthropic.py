@@ -13,7 +13,8 @@ nor is anything else the client has.
 The choices are the OpenAI wrapper's (``admission.integrations.openai``): one call one round
 (lane, agent, round id and pool per call, else ``use(...)``, else the defaults), the SDK's own
 retries off and load refusals retried in new rounds, streams holding their round until they end,
-calls inside a held round joining it. Anthropic specifics:
+calls inside a held round joining it, sizes and progress (``tokens=``, ``declare_budget``: an
+Anthropic call's budget is its ``max_tokens``, which it must name). Anthropic specifics:
 
 * **529 "overloaded" is load**, like a 429 (the classifier says so by status and by the SDK's
   ``OverloadedError``): retried, and it decreases the pool's estimate; it carries no Retry-After.
@@ -46,13 +47,15 @@ ADMITTED: Mapping[tuple[str, ...], str] = {
 
 def wrap(client: Any, adm: Any, *, lane: str | None = None, provider: str = "anthropic",
          pools: Mapping[str, str] | None = None, retries: int = 2, timeout: float = 600.0,
-         join: bool = True) -> Any:
+         join: bool = True, declare_budget: bool = False) -> Any:
     """An ``anthropic.Anthropic`` / ``AsyncAnthropic`` client whose model calls are admitted;
     the arguments are ``admission.integrations.openai.wrap``'s."""
-    settings = Settings(lane=lane, provider=provider, pools=pools or {}, retries=retries, timeout=timeout, join=join)
+    settings = Settings(lane=lane, provider=provider, pools=pools or {}, retries=retries, timeout=timeout, join=join,
+                        declare_budget=declare_budget)
 
     def again(copy: Any) -> Any:
-        return wrap(copy, adm, lane=lane, provider=provider, pools=pools, retries=retries, timeout=timeout, join=join)
+        return wrap(copy, adm, lane=lane, provider=provider, pools=pools, retries=retries, timeout=timeout, join=join,
+                    declare_budget=declare_budget)
 
     types = (_anthropic.Anthropic, _anthropic.AsyncAnthropic)
     return wrap_client(client, adm, sdk="anthropic", types=types, table=ADMITTED, settings=settings, again=again)

@@ -31,6 +31,16 @@ Choices:
   left (``with``); its cost comes from a usage chunk when there is one (pass
   ``stream_options={"include_usage": True}`` to get one: the wrapper never changes what the
   stream yields).
+* **Sizes and progress** (the cap line, design §4). A call may declare its round's size in answer
+  tokens: ``tokens=N`` per call, or ``wrap(..., declare_budget=True)`` to declare each call's
+  answer budget (``max_completion_tokens`` / ``max_tokens`` / ``max_output_tokens``). Off by
+  default: a budget far above what calls produce holds the cap line lower than it need be, and
+  one the provider cannot produce within 95 % of ``round_cap`` at the pool's pace keeps the call
+  waiting until it is alone on its pool. A declared call's stream reports the answer tokens it
+  has received every 15 s (``Round.progress``: the usage the chunks carried, else the text's
+  characters / 4), and every declared call ends its round with the answer tokens received in all
+  (the usage's ``completion_tokens`` / ``output_tokens``), so a budget is never read as the
+  answer's size. A call that declares nothing is admitted as before.
 * **Join.** A call made inside a ``round()`` of the same admission (this thread or task holds
   it: ``admission.current_round()``) and naming no other ``round_id`` takes no second seat: it
   runs inside that round, books its cost with ``r.charge(cost, key=<request id>)`` (once per
@@ -65,15 +75,19 @@ ADMITTED: Mapping[tuple[str, ...], str] = {
 
 def wrap(client: Any, adm: Any, *, lane: str | None = None, provider: str = "openai",
          pools: Mapping[str, str] | None = None, retries: int = 2, timeout: float = 600.0,
-         join: bool = True) -> Any:
+         join: bool = True, declare_budget: bool = False) -> Any:
     """An ``openai.OpenAI`` / ``AsyncOpenAI`` client whose model calls are admitted (see the
     module's docstring). ``pools``: model -> pool where ``f"{model}@{provider}"`` is not the
     pool's name; ``retries``: load refusals (429/529) tried again, each in a new round;
-    ``timeout``: seconds a call waits for a seat (``WaitTimeout``)."""
-    settings = Settings(lane=lane, provider=provider, pools=pools or {}, retries=retries, timeout=timeout, join=join)
+    ``timeout``: seconds a call waits for a seat (``WaitTimeout``); ``declare_budget``: a call
+    that names no ``tokens=`` declares its answer budget (``max_completion_tokens``,
+    ``max_tokens``, ``max_output_tokens``) as its round's size."""
+    settings = Settings(lane=lane, provider=provider, pools=pools or {}, retries=retries, timeout=timeout, join=join,
+                        declare_budget=declare_budget)
 
     def again(copy: Any) -> Any:
-        return wrap(copy, adm, lane=lane, provider=provider, pools=pools, retries=retries, timeout=timeout, join=join)
+        return wrap(copy, adm, lane=lane, provider=provider, pools=pools, retries=retries, timeout=timeout, join=join,
+                    declare_budget=declare_budget)
 
     return wrap_client(client, adm, sdk="openai", types=(_openai.OpenAI, _openai.AsyncOpenAI), table=ADMITTED,
                        settings=settings, again=again)

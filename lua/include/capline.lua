@@ -143,11 +143,11 @@ local function fit_progress(p, s, now, got)
 end
 
 -- A clean release of a declared round adds its point to the fit (the clock already advanced):
--- the stretch since its last progress report, or its whole life (then its own seconds); true
--- when it did.
-local function fit_release(p, s, now, seconds)
+-- the stretch since its last progress report, or its whole life (then its own seconds), over the
+-- tokens it received in all (`received`, else its declared size); true when it did.
+local function fit_release(p, s, now, seconds, received)
   clock_numbers(p)
-  local tokens = tonumber(s.tokens)
+  local tokens = received or tonumber(s.tokens)
   local at, area0, before = progress_anchor(p, s)
   if not tokens or not at or seconds <= 0 or now <= at or tokens <= before then return false end
   local y = s.pAt and (now - at) / (tokens - before) or seconds / tokens

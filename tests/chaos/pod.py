@@ -11,10 +11,11 @@ off), username/password (the ACL pod user), confirm_replicas (WAIT for that many
 each release and charge).
 
 Each worker thread loops until SIGTERM: pick a lane and a pool (and for half the rounds a declared
-size, `tokens`, reported halfway with `progress`: the cap line's bookkeeping meets every fault), `with adm.round(...)`, call the
-provider, book a mid-round charge (key "step") and set the round's cost, and end. Every step is
-a JSON line in the journal, written *before* the call it announces (a charge that may have been
-applied is always in the journal) and after it returns:
+size, `tokens`, reported halfway with `progress` and ended with what it `received`: the cap
+line's bookkeeping meets every fault), `with adm.round(...)`, call the provider, book a mid-round
+charge (key "step") and set the round's cost, and end. Every step is a JSON line in the journal,
+written *before* the call it announces (a charge that may have been applied is always in the
+journal) and after it returns:
 
     ask / admitted (seq, reason, running, slots, pool) / charge (usd) / cost (usd) / released /
     shed (the round never got a seat: the error) / failed (an exception inside the round) /
@@ -163,6 +164,8 @@ def main() -> int:
                             journal("progress-lost", id=rid, error=type(exc).__name__)
                     time.sleep(took / 2)
                     r.cost_usd = cost_usd
+                    if tokens:  # a declared size is a budget: the round received less (the outbox keeps it)
+                        r.received = rng.randint(tokens // 2, tokens)
                     journal("cost", id=rid, usd=cost_usd)
                 journal("released", id=rid)
             except AdmissionError as exc:
