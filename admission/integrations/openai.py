@@ -40,7 +40,8 @@ Choices:
   has received every 15 s (``Round.progress``: the usage the chunks carried, else the text's
   characters / 4), and every declared call ends its round with the answer tokens received in all
   (the usage's ``completion_tokens`` / ``output_tokens``), so a budget is never read as the
-  answer's size. A call that declares nothing is admitted as before.
+  answer's size. A call that declares nothing is admitted as before, and a joined call (below)
+  declares nothing: the round it joins has its own size.
 * **Join.** A call made inside a ``round()`` of the same admission (this thread or task holds
   it: ``admission.current_round()``) and naming no other ``round_id`` takes no second seat: it
   runs inside that round, books its cost with ``r.charge(cost, key=<request id>)`` (once per
