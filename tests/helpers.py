@@ -102,3 +102,17 @@ for _, id in ipairs(redis.call('ZRANGE', prefix .. 'tickets', 0, -1)) do
 end
 return {seats, tickets}
 """
+
+
+def spy_releases(adm) -> dict:
+    """The ``received`` of every release ``adm`` sends, by seat id (its core's release, wrapped;
+    the wrapper lives as long as ``adm``)."""
+    sent: dict = {}
+    release = adm.core.release
+
+    def spy(seat, **kw):
+        sent[seat.id] = kw.get("received")
+        return release(seat, **kw)
+
+    adm.core.release = spy
+    return sent

@@ -32,7 +32,7 @@ from admission.integrations.httpx import AdmissionTransport, AsyncAdmissionTrans
 from admission.tools.fake_provider import FakeProviderServer
 from admission.tools.sim import model as provider_model
 
-from helpers import policy, pool_row
+from helpers import policy, pool_row, spy_releases
 
 GPT, CLAUDE = "gpt-x@openai", "claude-x@anthropic"
 PRICES = {GPT: {"price_input": 1.0, "price_output": 4.0},
@@ -492,41 +492,27 @@ def test_a_stream_meter_reports_when_due_and_the_usage_wins_at_the_end():
     assert ProgressMeter(lambda n: None).received(UsageTracker()) == 0  # no usage, no text
 
 
-class ReleaseSpy:
-    """The ``received`` of every release an admission sends (its core's release, wrapped)."""
-
-    def __init__(self, adm, monkeypatch):
-        self.received: dict[str, float | None] = {}
-        core, release = adm.core, adm.core.release
-
-        def spy(seat, **kw):
-            self.received[seat.id] = kw.get("received")
-            return release(seat, **kw)
-
-        monkeypatch.setattr(core, "release", spy)
-
-
 def seat_field(adm, round_id: str, field: str):
     v = adm.redis.hget(f"adm:{{{adm.mesh}}}:seat:{round_id}", field)
     return None if v is None else float(v)
 
 
-def test_a_declared_call_ends_its_round_with_the_answer_tokens_it_received(make_adm, provider, monkeypatch):
+def test_a_declared_call_ends_its_round_with_the_answer_tokens_it_received(make_adm, provider):
     adm = make_adm()
     _, url = provider()
-    spy = ReleaseSpy(adm, monkeypatch)
+    sent = spy_releases(adm)
     client = oai(url, adm)
     answer = client.chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60, tokens=4000, round_id="d-1")
-    assert spy.received["d-1"] == answer.usage.completion_tokens == 60   # not the 4,000 declared
+    assert sent["d-1"] == answer.usage.completion_tokens == 60   # not the 4,000 declared
     client.chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60, round_id="u-1")
-    assert spy.received["u-1"] is None                                   # declared nothing: sends nothing
+    assert sent["u-1"] is None                                   # declared nothing: sends nothing
     # the answer budget as the size, when the wrapper declares budgets
     budget = oai(url, adm, declare_budget=True)
     stream = budget.chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60, stream=True, round_id="b-1",
                                             stream_options={"include_usage": True})
     assert seat_field(adm, "b-1", "tokens") == 60
     chunks = list(stream)
-    assert spy.received["b-1"] == chunks[-1].usage.completion_tokens
+    assert sent["b-1"] == chunks[-1].usage.completion_tokens
     with pytest.raises(BadArgument):
         oai(url, adm, declare_budget="yes")
     with pytest.raises(BadArgument):                                     # a bad size: refused, nothing seated
@@ -540,7 +526,7 @@ def test_a_declared_stream_reports_its_progress_and_a_failed_report_never_fails_
     monkeypatch.setattr(_streams, "PROGRESS_EVERY", 0.0)  # every item with new tokens reports
     adm = make_adm()
     _, url = provider()
-    spy = ReleaseSpy(adm, monkeypatch)
+    sent = spy_releases(adm)
     client = oai(url, adm)
     stream = client.chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60, tokens=60, stream=True,
                                             round_id="p-1")
@@ -550,7 +536,7 @@ def test_a_declared_stream_reports_its_progress_and_a_failed_report_never_fails_
         if got is not None and (not seen or got != seen[-1]):
             seen.append(got)
     assert len(seen) >= 2 and seen == sorted(seen)                       # reported as it came, growing
-    assert spy.received["p-1"] == pytest.approx(seen[-1], abs=1)        # no usage chunk: the estimate
+    assert sent["p-1"] == pytest.approx(seen[-1], abs=1)        # no usage chunk: the estimate
     # a report Redis refuses: logged, the stream goes on and its round ends as usual
     from admission import Unavailable
 
@@ -560,7 +546,7 @@ def test_a_declared_stream_reports_its_progress_and_a_failed_report_never_fails_
     monkeypatch.setattr(adm, "progress", down)
     chunks = list(client.chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60, tokens=60, stream=True,
                                                  stream_options={"include_usage": True}, round_id="p-2"))
-    assert chunks and running(adm) == 0 and spy.received["p-2"] == chunks[-1].usage.completion_tokens
+    assert chunks and running(adm) == 0 and sent["p-2"] == chunks[-1].usage.completion_tokens
 
 
 def test_anthropic_stream_helper_reports_progress_and_sends_the_output_tokens(make_adm, provider, monkeypatch):
@@ -569,14 +555,14 @@ def test_anthropic_stream_helper_reports_progress_and_sends_the_output_tokens(ma
     monkeypatch.setattr(_streams, "PROGRESS_EVERY", 0.0)
     adm = make_adm()
     _, url = provider()
-    spy = ReleaseSpy(adm, monkeypatch)
+    sent = spy_releases(adm)
     client = adm_anthropic.wrap(anthropic.Anthropic(base_url=url, api_key=KEY), adm, lane="a", declare_budget=True)
     with client.messages.stream(model="claude-x", messages=ASK, max_tokens=40, round_id="h-1") as stream:
         assert seat_field(adm, "h-1", "tokens") == 40
         reported = [seat_field(adm, "h-1", "pTok") for _ in stream]
         final = stream.get_final_message()
     assert any(r for r in reported)
-    assert spy.received["h-1"] == final.usage.output_tokens
+    assert sent["h-1"] == final.usage.output_tokens
 
 
 def test_an_async_declared_stream_reports_progress_and_sends_what_it_received(server_url, provider, monkeypatch):
@@ -587,14 +573,7 @@ def test_an_async_declared_stream_reports_progress_and_sends_what_it_received(se
 
     async def main():
         adm = await async_adm(server_url)
-        sent = {}
-        release = adm.core.release
-
-        def spy(seat, **kw):
-            sent[seat.id] = kw.get("received")
-            return release(seat, **kw)
-
-        adm.core.release = spy
+        sent = spy_releases(adm)
         client = adm_openai.wrap(openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY), adm, lane="a",
                                  declare_budget=True)
         answer = await client.chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60, round_id="q-0")

@@ -27,7 +27,7 @@ from litellm.proxy._types import UserAPIKeyAuth
 from admission import Admission, AsyncAdmission
 from admission.integrations.litellm import ROUND_KEY, AdmissionHook, close_admission
 
-from helpers import policy, pool_row
+from helpers import policy, pool_row, spy_releases
 
 POOL = "gpt-x@fake"
 MODEL = "gpt-x"
@@ -308,6 +308,45 @@ def test_a_moved_round_calls_the_model_group_of_its_pool(server_url):
     run(main)
 
 
+def test_a_declared_request_sends_its_answer_tokens_and_a_budget_is_declared_only_when_asked(server_url):
+    async def main():
+        adm, hook = await setup(server_url, declare_budget=True)
+        sent = spy_releases(adm)
+        seat_tokens = f"adm:{{{adm.mesh}}}:seat:"
+        try:
+            response = litellm.ModelResponse(model=MODEL, usage=litellm.Usage(
+                prompt_tokens=100, completion_tokens=42, total_tokens=142))
+            # the metadata's size wins over the budget; the release sends the usage's output count
+            data = await hook.async_pre_call_hook(KEY, None, {**request("s1", admission_tokens=3000), "max_tokens": 800},
+                                                  "acompletion")
+            assert await adm.redis.hget(seat_tokens + "s1", "tokens") == b"3000"
+            await hook.async_log_success_event(logged(data), response, NOW, NOW)
+            assert sent["s1"] == 42
+            # the answer budget, when the hook declares budgets
+            data = await hook.async_pre_call_hook(KEY, None, {**request("s2"), "max_tokens": 800}, "acompletion")
+            assert await adm.redis.hget(seat_tokens + "s2", "tokens") == b"800"
+            await hook.async_log_success_event(logged(data), response, NOW, NOW)
+            assert sent["s2"] == 42
+            # a size the admission cannot take: 400, nothing seated
+            with pytest.raises(HTTPException) as refused:
+                await hook.async_pre_call_hook(KEY, None, request("s3", admission_tokens=-1), "acompletion")
+            assert refused.value.status_code == 400 and "s3" not in hook.held
+            assert (await row(adm))["running"] == 0
+        finally:
+            await teardown(adm, hook)
+        # without declare_budget a budget declares nothing, and the release sends nothing
+        adm, hook = await setup(server_url)
+        sent = spy_releases(adm)
+        try:
+            data = await hook.async_pre_call_hook(KEY, None, {**request("s4"), "max_tokens": 800}, "acompletion")
+            assert await adm.redis.hget(seat_tokens + "s4", "tokens") is None
+            await hook.async_log_success_event(logged(data), response, NOW, NOW)
+            assert sent["s4"] is None
+        finally:
+            await teardown(adm, hook)
+    run(main)
+
+
 def test_from_env(monkeypatch):
     monkeypatch.setenv("ADMISSION_URL", "redis://example:6379/1")
     monkeypatch.setenv("ADMISSION_MESH", "m1")
@@ -316,12 +355,16 @@ def test_from_env(monkeypatch):
     monkeypatch.setenv("ADMISSION_PROVIDER", "openrouter")
     monkeypatch.setenv("ADMISSION_POOLS", '{"fast": "haiku@anthropic"}')
     monkeypatch.setenv("ADMISSION_TIMEOUT", "30")
+    monkeypatch.setenv("ADMISSION_DECLARE_BUDGET", "1")
     hook = AdmissionHook.from_env()
-    assert (hook.url, hook.mesh, hook.pod, hook.lane, hook.timeout) == (
-        "redis://example:6379/1", "m1", socket.gethostname(), "reviews", 30.0)
+    assert (hook.url, hook.mesh, hook.pod, hook.lane, hook.timeout, hook.declare_budget) == (
+        "redis://example:6379/1", "m1", socket.gethostname(), "reviews", 30.0, True)
     assert hook.pool_of("fast") == "haiku@anthropic" and hook.pool_of("gpt-x") == "gpt-x@openrouter"
     assert hook.model_of("haiku@anthropic") == "fast" and hook.model_of("gpt-x@openrouter") == "gpt-x"
     assert hook.model_of("gpt-x@elsewhere") is None
+    monkeypatch.setenv("ADMISSION_DECLARE_BUDGET", "yes")
+    with pytest.raises(ValueError, match="ADMISSION_DECLARE_BUDGET"):
+        AdmissionHook.from_env()
 
 
 # -- end to end: the real proxy -----------------------------------------------------------------

@@ -20,7 +20,8 @@ How a request flows (the proxy's documented custom-callback hooks, ``CustomLogge
   the policy does not know: **400**. Other calls (embeddings, moderation, files …) pass through.
 * ``async_log_success_event`` — released ``clean`` with LiteLLM's ``response_cost``, or with the
   pool's own price table when the policy gives one (``price_input`` / ``price_output`` /
-  ``price_cached_input``, USD per million tokens, applied to the response's ``usage``).
+  ``price_cached_input``, USD per million tokens, applied to the response's ``usage``); a round
+  that declared its size also sends the answer tokens it received (the usage's output count).
 * ``async_log_failure_event`` — released with the classified exception (``classify.outcome_of``:
   429/529 = ``rate_limited``, a daily key limit closes the provider, …) and its Retry-After
   (a rate-limited release pauses the pool for every pod).
@@ -50,6 +51,13 @@ Choices:
 * **Waiting**: at most ``timeout`` (600 s), or the request's metadata ``admission_timeout`` when
   it is shorter. A request waits in the pre-call hook like any waiter (oldest first, woken by
   releases); a cancelled request task withdraws its waiter (``admit_waiting`` does).
+* **Size** (the cap line, design §4): the request's metadata ``admission_tokens`` (answer tokens)
+  declares its round's size; with ``declare_budget=True`` a request that names none declares its
+  answer budget (``max_completion_tokens`` / ``max_tokens`` / ``max_output_tokens``). Off by
+  default, as in the SDK wrappers (``admission.integrations.openai``): a budget is an upper bound,
+  and one the provider cannot produce before the round cap keeps the call waiting until it runs
+  alone. A size the admission cannot take is a **400**. No progress is reported: the proxy's
+  hooks see no stream.
 * **Lane**: the request's metadata ``admission_lane`` (or ``lane``), else the API key's metadata
   ``lane``, else the hook's default lane: the request's choice wins, the key's lane is a
   fallback, not an override (where clients must not choose, override ``lane_of``).
@@ -73,7 +81,8 @@ from fastapi import HTTPException
 from litellm.integrations.custom_logger import CustomLogger
 
 from .._log import get_logger
-from ._prices import cost_of, prices_of
+from ._common import answer_budget
+from ._prices import cost_of, prices_of, tokens_of
 from ..aio import AsyncAdmission
 from ..base import release_record
 from ..classify import ERROR, outcome_of, retry_after_of
@@ -110,6 +119,7 @@ class Held:
     decision: Decision
     started: float  # time.monotonic() at admission
     loop: asyncio.AbstractEventLoop  # the loop the admission client lives in
+    declared: bool = False  # the round declared its size: its release sends what it received
 
 
 class AdmissionHook(CustomLogger):
@@ -120,14 +130,15 @@ class AdmissionHook(CustomLogger):
     ``provider``: the provider of a model group that ``pools`` does not map (pool
     ``f"{model_group}@{provider}"``). ``pools``: model group -> pool. ``timeout``: how long a
     request waits for a seat. ``max_hold``: seconds after which a seat whose callbacks never
-    came is released as ``error`` (default the policy's ``round_cap``)."""
+    came is released as ``error`` (default the policy's ``round_cap``). ``declare_budget``: a
+    request that names no ``admission_tokens`` declares its answer budget as its size."""
 
     call_types = CALL_TYPES
 
     def __init__(self, adm: AsyncAdmission | None = None, *, url: str | None = None, mesh: str | None = None,
                  pod: str | None = None, lane: str = "default", provider: str = "litellm",
                  pools: Mapping[str, str] | None = None, timeout: float = 600.0, max_hold: float | None = None,
-                 **kwargs: Any):
+                 declare_budget: bool = False, **kwargs: Any):
         super().__init__(**kwargs)
         self._adm = adm
         self.url = url or DEFAULT_URL
@@ -138,6 +149,9 @@ class AdmissionHook(CustomLogger):
         self.pools = dict(pools or {})
         self.timeout = float(timeout)
         self.max_hold = max_hold
+        if not isinstance(declare_budget, bool):
+            raise BadArgument(f"declare_budget must be True or False, got {declare_budget!r}")
+        self.declare_budget = declare_budget
         self.held: dict[str, Held] = {}
         self._own_client = adm is None
         self._reaper: asyncio.Task | None = None
@@ -150,7 +164,7 @@ class AdmissionHook(CustomLogger):
     def from_env(cls, **overrides: Any) -> "AdmissionHook":
         """From ADMISSION_URL, ADMISSION_MESH, ADMISSION_POD (default the hostname),
         ADMISSION_LANE, ADMISSION_PROVIDER, ADMISSION_POOLS (a JSON object: model group -> pool),
-        ADMISSION_TIMEOUT and ADMISSION_MAX_HOLD (seconds)."""
+        ADMISSION_TIMEOUT and ADMISSION_MAX_HOLD (seconds), ADMISSION_DECLARE_BUDGET (1 / 0)."""
         env = os.environ
         opts: dict[str, Any] = {"url": env.get("ADMISSION_URL"), "mesh": env.get("ADMISSION_MESH"),
                                 "pod": env.get("ADMISSION_POD")}
@@ -167,6 +181,10 @@ class AdmissionHook(CustomLogger):
             opts["timeout"] = float(env["ADMISSION_TIMEOUT"])
         if env.get("ADMISSION_MAX_HOLD"):
             opts["max_hold"] = float(env["ADMISSION_MAX_HOLD"])
+        if env.get("ADMISSION_DECLARE_BUDGET"):
+            if env["ADMISSION_DECLARE_BUDGET"] not in ("0", "1"):
+                raise ValueError("ADMISSION_DECLARE_BUDGET must be 1 or 0")
+            opts["declare_budget"] = env["ADMISSION_DECLARE_BUDGET"] == "1"
         opts.update(overrides)
         return cls(**opts)
 
@@ -213,6 +231,14 @@ class AdmissionHook(CustomLogger):
                 return min(self.timeout, asked)
         return self.timeout
 
+    def size_of(self, data: Mapping[str, Any]) -> Any:
+        """The round's declared size: the metadata's ``admission_tokens`` (checked by the
+        admission: a bad one is a 400), else the answer budget when budgets are declared."""
+        for meta in _metadatas(data):
+            if meta.get("admission_tokens") is not None:
+                return meta["admission_tokens"]
+        return answer_budget(data) if self.declare_budget else None
+
     # -- the hooks ------------------------------------------------------------------------------
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> dict | None:
         """Wait for a seat (at most ``timeout``), or refuse the request with an HTTP error."""
@@ -222,11 +248,11 @@ class AdmissionHook(CustomLogger):
         lane, model = self.lane_of(data, user_api_key_dict), data["model"]
         pool = self.pool_of(model)
         round_id = str(data.get("litellm_call_id") or uuid.uuid4())
-        timeout = self.timeout_of(data)
+        timeout, tokens = self.timeout_of(data), self.size_of(data)
         try:
             # moves only to pools a model group of this proxy calls
             d = await adm.admit_waiting(lane=lane, model=pool, round_id=round_id, timeout=timeout,
-                                        move_to=lambda p: self.model_of(p) is not None)
+                                        move_to=lambda p: self.model_of(p) is not None, tokens=tokens)
         except WaitTimeout as exc:
             reason = exc.reason or "unknown"
             if reason == UNAVAILABLE:
@@ -246,7 +272,7 @@ class AdmissionHook(CustomLogger):
             raise _refusal(503, f"admission error: {exc}", UNAVAILABLE_RETRY_AFTER) from None
         if d.seat is None or d.seat.pod != adm.pod:  # the same call id is running on another pod
             raise _refusal(409, f"round {round_id} is already running on pod {d.seat.pod if d.seat else '?'}")
-        self.held[round_id] = Held(d, time.monotonic(), asyncio.get_running_loop())
+        self.held[round_id] = Held(d, time.monotonic(), asyncio.get_running_loop(), declared=tokens is not None)
         _metadata_of(data)[ROUND_KEY] = round_id
         if d.moved_from:
             target = self.model_of(d.pool)
@@ -264,7 +290,8 @@ class AdmissionHook(CustomLogger):
         cost = self._price(held.decision.pool, response_obj, kwargs)
         if cost is None:
             cost = _number(kwargs.get("response_cost"))
-        await self._release(held, "clean", cost=cost)
+        tokens = tokens_of(_usage(response_obj, kwargs)) if held.declared else None
+        await self._release(held, "clean", cost=cost, received=None if tokens is None else float(tokens.output))
 
     async def async_log_failure_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
         held = self._take(_round_of(kwargs))
@@ -287,33 +314,36 @@ class AdmissionHook(CustomLogger):
         return self.held.pop(round_id, None) if round_id else None
 
     async def _release(self, held: Held, outcome: str, retry_after: float | None = None,
-                       cost: float | None = None) -> None:
+                       cost: float | None = None, received: float | None = None) -> None:
         """Release on the client's loop (a callback fired on another loop or thread is handed over)."""
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is held.loop:
-            await self._release_here(held, outcome, retry_after, cost)
+            await self._release_here(held, outcome, retry_after, cost, received)
         else:
-            fut = asyncio.run_coroutine_threadsafe(self._release_here(held, outcome, retry_after, cost), held.loop)
+            fut = asyncio.run_coroutine_threadsafe(self._release_here(held, outcome, retry_after, cost, received),
+                                                   held.loop)
             await asyncio.wrap_future(fut)
 
-    async def _release_here(self, held: Held, outcome: str, retry_after: float | None, cost: float | None) -> None:
+    async def _release_here(self, held: Held, outcome: str, retry_after: float | None, cost: float | None,
+                            received: float | None = None) -> None:
         adm, seat = self.admission(), held.decision.seat
         assert seat is not None
         seconds = max(0.0, time.monotonic() - held.started)
         try:
             try:
-                await adm.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost, retry_after=retry_after)
-            except BadArgument as exc:  # a price or Retry-After the script refuses: the seat still goes
+                await adm.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost, retry_after=retry_after,
+                                  received=received)
+            except BadArgument as exc:  # a price, Retry-After or count it refuses: the seat still goes
                 log.error("litellm_release_bad_argument", round=seat.id, cost_usd=cost, retry_after=retry_after,
-                          error=str(exc))
+                          received=received, error=str(exc))
                 await adm.release(seat, outcome=outcome, seconds=seconds)
         except (Unavailable, NoPolicy) as exc:
             # as round() does: the client keeps the record (its outbox, else memory) and its clock
             # replays it when Redis answers; a release counts once however often it is sent
-            record = release_record(seat, outcome, seconds, cost, retry_after=retry_after)
+            record = release_record(seat, outcome, seconds, cost, retry_after=retry_after, received=received)
             await asyncio.to_thread(adm._queue, record, type(exc).__name__)
         except AdmissionError as exc:  # refused for good (unknown seat: expired long ago)
             log.warning("litellm_release_unapplied", round=seat.id, outcome=outcome, cost_usd=cost, error=str(exc))

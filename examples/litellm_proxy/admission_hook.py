@@ -2,8 +2,8 @@
 
 Configured from the environment (``AdmissionHook.from_env``): ADMISSION_URL, ADMISSION_MESH,
 ADMISSION_POD (default the hostname), ADMISSION_LANE, ADMISSION_PROVIDER, ADMISSION_POOLS (JSON:
-model group -> pool), ADMISSION_TIMEOUT, ADMISSION_MAX_HOLD. The admission client itself is made
-at the first request, in the proxy's event loop.
+model group -> pool), ADMISSION_TIMEOUT, ADMISSION_MAX_HOLD, ADMISSION_DECLARE_BUDGET. The admission
+client itself is made at the first request, in the proxy's event loop.
 """
 from admission.integrations.litellm import AdmissionHook
 
