@@ -11,6 +11,7 @@ import asyncio
 import datetime as dt
 import inspect
 import itertools
+import json
 import subprocess
 import sys
 import threading
@@ -619,6 +620,39 @@ def test_transport_runs_each_request_as_a_round_until_its_body_is_closed(make_ad
     assert totals(adm)[f"signal|{GPT}|rate_limited"] == 1          # the 529, not the 500
     with pytest.raises(BadArgument, match="no pool"):
         httpx.Client(transport=AdmissionTransport(adm, lane="a")).post(url + "/v1/chat/completions", json=body())
+
+
+def test_transport_declares_the_bodys_budget_only_when_asked_and_ends_with_the_usage(make_adm, provider, server_url):
+    adm = make_adm()
+    _, url = provider()
+    sent = spy_releases(adm)
+    seat = f"adm:{{{adm.mesh}}}:seat:"
+    declaring = AdmissionTransport(adm, lane="a", pool=GPT, provider="openai", declare_budget=True)
+    with httpx.Client(transport=declaring, base_url=url) as http:
+        with use(round_id="hx-1"):
+            with http.stream("POST", "/v1/chat/completions", json=body(60), headers=AUTH) as streamed:
+                assert adm.redis.hget(seat + "hx-1", "tokens") == b"60"   # pool= given: the body read for it
+                answer = json.loads(streamed.read())
+    assert sent["hx-1"] == answer["usage"]["completion_tokens"]
+    with httpx.Client(transport=AdmissionTransport(adm, lane="a", provider="openai"), base_url=url) as http:
+        with use(round_id="hx-2"):
+            with http.stream("POST", "/v1/chat/completions", json=body(60), headers=AUTH) as streamed:
+                assert adm.redis.hget(seat + "hx-2", "tokens") is None    # not asked: nothing declared
+                streamed.read()
+    assert sent["hx-2"] is None
+
+    async def main():
+        aadm = await async_adm(server_url)
+        asent = spy_releases(aadm)
+        transport = AsyncAdmissionTransport(aadm, lane="a", provider="openai", declare_budget=True)
+        async with httpx.AsyncClient(transport=transport, base_url=url) as http:
+            async with use(round_id="ahx-1"):
+                ok = await http.post("/v1/chat/completions", json=body(40), headers=AUTH)
+        await aclose(aadm)
+        return ok.json(), asent
+
+    answer, asent = asyncio.run(main())
+    assert asent["ahx-1"] == answer["usage"]["completion_tokens"] == 40
 
 
 def test_async_transport_classifies_a_non_2xx_response_without_an_exception(server_url, provider):

@@ -35,6 +35,10 @@ Choices:
 * **A refused round moves only to alternatives of the same provider** (``round(move_to=...)``),
   and the JSON body's ``model`` is rewritten to that pool's model; a seat elsewhere (the policy
   changed between ranking and admit) raises ``MovedAway`` (the request is not sent).
+* **Sizes** (the cap line, design §4): with ``declare_budget=True`` a request declares its JSON
+  body's answer budget (``max_completion_tokens`` / ``max_tokens`` / ``max_output_tokens``) as its
+  round's size, and its round ends with the usage's output count. Off by default, as in the SDK
+  wrappers. No progress is reported: the transport sees bytes, not an SDK's events.
 * The SDKs' own retries, through this transport, are each a new admitted round.
 """
 from __future__ import annotations
@@ -46,9 +50,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ._common import MovedAway, Settings, ask_for, charge_key, joinable, log, require, use
+from ._common import Ask, MovedAway, Settings, ask_for, charge_key, joinable, log, require, use
 from ._prices import UsageTracker
-from ._sdk import AsyncCalls, Calls, check_pair
+from ._sdk import AsyncCalls, Calls, check_pair, received_of
 from ._streams import AsyncHeldRound, HeldRound, end_unclosed
 from ..classify import CLEAN, retry_after_of, signal_of
 from ..errors import BadArgument
@@ -141,13 +145,24 @@ class _Tee:
 
 
 # -- the pool and the request ---------------------------------------------------------------------------
-def _body_model(request: Any) -> str | None:
+def _body_json(request: Any) -> dict[str, Any]:
+    """The request's JSON object body ({} when it has none); the body must have been read."""
     try:
         doc = json.loads(request.content or b"null")
     except (ValueError, UnicodeDecodeError):
-        return None
-    model = doc.get("model") if isinstance(doc, dict) else None
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _body_model(request: Any) -> str | None:
+    model = _body_json(request).get("model")
     return model if isinstance(model, str) and model else None
+
+
+def _ask_of(settings: Settings, pool: str, model: str | None, request: Any) -> Ask:
+    """The round a request asks for; its size is the body's answer budget when budgets are
+    declared (the body was read then)."""
+    return ask_for(settings, {"pool": pool}, model, _body_json(request) if settings.declare_budget else {})
 
 
 class _Route:
@@ -225,35 +240,38 @@ class _Transport:
     _Body: Any = None
 
     def __init__(self, adm: Any, *, lane: str | None = None, pool: PoolSpec = None, provider: str | None = None,
-                 inner: Any = None, timeout: float = 600.0, join: bool = True):
+                 inner: Any = None, timeout: float = 600.0, join: bool = True, declare_budget: bool = False):
         check_pair(adm, False, "AdmissionTransport")
-        self._calls = Calls(adm, Settings(lane=lane, provider=provider, retries=0, timeout=timeout, join=join))
+        self._calls = Calls(adm, Settings(lane=lane, provider=provider, retries=0, timeout=timeout, join=join,
+                                          declare_budget=declare_budget))
         self._route = _Route(pool, provider)
         self._inner = inner if inner is not None else self._hx.HTTPTransport()
 
     def handle_request(self, request: Any) -> Any:
         calls = self._calls
-        if self._route.pool is None:
-            request.read()  # the model is in the body
+        if self._route.pool is None or calls.settings.declare_budget:
+            request.read()  # the model (or the answer budget) is in the body
         pool, model = self._route.pool_of(request)
         handle = joinable(calls.adm, calls.settings, {})
         if handle is not None:
             response = self._inner.handle_request(request)
             return self._watch(response, functools.partial(self._end_joined, handle, pool, response))
-        held = HeldRound(calls.round_for(ask_for(calls.settings, {"pool": pool}, model)))
+        ask = _ask_of(calls.settings, pool, model, request)
+        held = HeldRound(calls.round_for(ask))
         r = held.open()
         try:
             response = self._inner.handle_request(self._route.moved(request, r.pool, pool, model))
         except BaseException as exc:
             held.close(exc)
             raise
-        return self._watch(response, functools.partial(self._end_held, held, response))
+        return self._watch(response, functools.partial(self._end_held, held, ask, response))
 
     def _watch(self, response: Any, end: Callable[[bytes | None, BaseException | None], None]) -> Any:
         response.stream = self._Body(response.stream, end)
         return response
 
-    def _end_held(self, held: HeldRound, response: Any, body: bytes | None, exc: BaseException | None) -> None:
+    def _end_held(self, held: HeldRound, ask: Ask, response: Any, body: bytes | None,
+                  exc: BaseException | None) -> None:
         if exc is not None:
             held.close(exc)
             return
@@ -261,6 +279,7 @@ class _Transport:
         try:
             verdict = Verdict.of(response.status_code, response.headers, body)
             r.outcome, r.retry_after = verdict.outcome, verdict.retry_after
+            r.received = received_of(ask, verdict.usage)
             r.cost_usd = self._calls.cost(r.decision.config_version, r.pool, verdict.usage)
         finally:
             held.close(None)
@@ -314,35 +333,37 @@ class _AsyncTransport:
     _Body: Any = None
 
     def __init__(self, adm: Any, *, lane: str | None = None, pool: PoolSpec = None, provider: str | None = None,
-                 inner: Any = None, timeout: float = 600.0, join: bool = True):
+                 inner: Any = None, timeout: float = 600.0, join: bool = True, declare_budget: bool = False):
         check_pair(adm, True, "AsyncAdmissionTransport")
-        self._calls = AsyncCalls(adm, Settings(lane=lane, provider=provider, retries=0, timeout=timeout, join=join))
+        self._calls = AsyncCalls(adm, Settings(lane=lane, provider=provider, retries=0, timeout=timeout, join=join,
+                                               declare_budget=declare_budget))
         self._route = _Route(pool, provider)
         self._inner = inner if inner is not None else self._hx.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: Any) -> Any:
         calls = self._calls
-        if self._route.pool is None:
-            await request.aread()  # the model is in the body
+        if self._route.pool is None or calls.settings.declare_budget:
+            await request.aread()  # the model (or the answer budget) is in the body
         pool, model = self._route.pool_of(request)
         handle = joinable(calls.adm, calls.settings, {})
         if handle is not None:
             response = await self._inner.handle_async_request(request)
             return self._watch(response, functools.partial(self._end_joined, handle, pool, response))
-        held = AsyncHeldRound(calls.round_for(ask_for(calls.settings, {"pool": pool}, model)))
+        ask = _ask_of(calls.settings, pool, model, request)
+        held = AsyncHeldRound(calls.round_for(ask))
         r = await held.open()
         try:
             response = await self._inner.handle_async_request(self._route.moved(request, r.pool, pool, model))
         except BaseException as exc:
             await held.close(exc)
             raise
-        return self._watch(response, functools.partial(self._end_held, held, response))
+        return self._watch(response, functools.partial(self._end_held, held, ask, response))
 
     def _watch(self, response: Any, end: Callable[..., Any]) -> Any:
         response.stream = self._Body(response.stream, end)
         return response
 
-    async def _end_held(self, held: AsyncHeldRound, response: Any, body: bytes | None,
+    async def _end_held(self, held: AsyncHeldRound, ask: Ask, response: Any, body: bytes | None,
                         exc: BaseException | None) -> None:
         if exc is not None:
             await held.close(exc)
@@ -351,6 +372,7 @@ class _AsyncTransport:
         try:
             verdict = Verdict.of(response.status_code, response.headers, body)
             r.outcome, r.retry_after = verdict.outcome, verdict.retry_after
+            r.received = received_of(ask, verdict.usage)
             r.cost_usd = await self._calls.cost(r.decision.config_version, r.pool, verdict.usage)
         finally:
             await held.close(None)
