@@ -550,6 +550,46 @@ def test_a_declared_stream_reports_its_progress_and_a_failed_report_never_fails_
     assert chunks and running(adm) == 0 and sent["p-2"] == chunks[-1].usage.completion_tokens
 
 
+def test_a_stream_interrupted_while_reporting_its_progress_ends_its_round(make_adm, server_url, provider, monkeypatch):
+    from admission.integrations import _streams
+
+    class Interrupted(BaseException):
+        pass
+
+    def interrupted(*a, **kw):
+        raise Interrupted
+
+    monkeypatch.setattr(_streams, "PROGRESS_EVERY", 0.0)
+    adm = make_adm()
+    _, url = provider()
+    monkeypatch.setattr(adm, "progress", interrupted)
+    stream = oai(url, adm).chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60, tokens=60, stream=True)
+    with pytest.raises(Interrupted):
+        list(stream)
+    assert running(adm) == 0
+
+    async def main():
+        aadm = await async_adm(server_url)
+
+        async def cancelled(*a, **kw):
+            raise asyncio.CancelledError
+
+        aadm.progress = cancelled
+        client = adm_openai.wrap(openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY), aadm, lane="a")
+        astream = await client.chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60, tokens=60,
+                                                       stream=True)
+        try:
+            async for _ in astream:
+                pass
+        except asyncio.CancelledError:
+            pass
+        left = await arunning(aadm)
+        await aclose(aadm)
+        return left
+
+    assert asyncio.run(main()) == 0
+
+
 def test_anthropic_stream_helper_reports_progress_and_sends_the_output_tokens(make_adm, provider, monkeypatch):
     from admission.integrations import _streams
 

@@ -521,9 +521,17 @@ MUTATIONS = [
      "            r.received = received_of(ask, verdict.usage)\n            r.cost_usd = self._calls.cost(",
      "            r.cost_usd = self._calls.cost(", "test_integrations.py", "transport_declares", "redis"),
     ("a failed progress report never fails the stream", "admission/integrations/_streams.py",
-     "            except Exception as exc:  # noqa: BLE001 - see _report_failed\n                _report_failed(exc)\n        return item\n\n    def close(self) -> None:",
-     "            except ZeroDivisionError as exc:\n                _report_failed(exc)\n        return item\n\n    def close(self) -> None:",
+     "            except Exception as exc:  # noqa: BLE001 - see _report_failed\n                _report_failed(exc)\n            except BaseException as exc:  # interrupted",
+     "            except ZeroDivisionError as exc:\n                _report_failed(exc)\n            except BaseException as exc:  # interrupted",
      "test_integrations.py", "declared_stream_reports", "redis"),
+    ("a stream interrupted while reporting ends its round (sync)", "admission/integrations/_streams.py",
+     "            except BaseException as exc:  # interrupted while reporting: the round ends as if while reading\n                self._finish(exc)\n",
+     "            except BaseException as exc:  # interrupted while reporting: the round ends as if while reading\n",
+     "test_integrations.py", "interrupted_while_reporting", "redis"),
+    ("a stream interrupted while reporting ends its round", "admission/integrations/_streams.py",
+     "            except BaseException as exc:  # cancelled while reporting: the round ends as if while reading\n                await self._finish(exc)\n",
+     "            except BaseException as exc:  # cancelled while reporting: the round ends as if while reading\n",
+     "test_integrations.py", "interrupted_while_reporting", "redis"),
 ]
 
 

@@ -214,6 +214,9 @@ class RoundStream(_StreamBase):
                 self.meter.report(got)  # type: ignore[misc]
             except Exception as exc:  # noqa: BLE001 - see _report_failed
                 _report_failed(exc)
+            except BaseException as exc:  # interrupted while reporting: the round ends as if while reading
+                self._finish(exc)
+                raise
         return item
 
     def close(self) -> None:
@@ -265,6 +268,9 @@ class AsyncRoundStream(_StreamBase):
                 await self.meter.report(got)  # type: ignore[misc]
             except Exception as exc:  # noqa: BLE001 - see _report_failed
                 _report_failed(exc)
+            except BaseException as exc:  # cancelled while reporting: the round ends as if while reading
+                await self._finish(exc)
+                raise
         return item
 
     async def close(self) -> None:
