@@ -88,13 +88,19 @@ def flat_usage(usage: Any) -> dict[str, int]:
     return out
 
 
+def output_tokens(flat: Mapping[str, int]) -> int | None:
+    """The answer's tokens in a ``flat_usage`` dict (OpenAI ``completion_tokens``, Responses and
+    Anthropic ``output_tokens``), None when it has no count of them."""
+    return flat.get("completion_tokens", flat.get("output_tokens"))
+
+
 def tokens_of(usage: Any) -> Tokens | None:
     """Input (uncached), cached input and output tokens of a usage (object, mapping or a
     ``flat_usage`` dict); None when it says nothing."""
     flat = flat_usage(usage)
     if not flat:
         return None
-    output = flat.get("completion_tokens", flat.get("output_tokens", 0))
+    output = output_tokens(flat) or 0
     if "cache_read_input_tokens" in flat or "cache_creation_input_tokens" in flat:  # Anthropic: beside the input
         return Tokens(flat.get("input_tokens", 0) + flat.get("cache_creation_input_tokens", 0),
                       flat.get("cache_read_input_tokens", 0), output)

@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable
 
 from ._common import log
-from ._prices import UsageTracker, _get
+from ._prices import UsageTracker, _get, output_tokens
 
 #: Seconds between a stream's progress reports: the pool clock's period (``grow_interval``'s
 #: default), so each clock tick sees fresh progress and a stream costs one call per period.
@@ -139,7 +139,7 @@ class ProgressMeter:
         now = self._clock()
         if now - self._last < PROGRESS_EVERY:
             return None
-        got = max(_output(usage) or 0, math.ceil(self.chars / CHARS_PER_TOKEN))
+        got = max(output_tokens(usage.flat) or 0, math.ceil(self.chars / CHARS_PER_TOKEN))
         if got <= self.sent:
             return None
         self._last, self.sent = now, float(got)
@@ -149,13 +149,8 @@ class ProgressMeter:
         """The tokens received in all: the usage's count, else the characters' estimate."""
         if self.report is None:
             return None
-        exact = _output(usage)
+        exact = output_tokens(usage.flat)
         return float(exact if exact is not None else math.ceil(self.chars / CHARS_PER_TOKEN))
-
-
-def _output(usage: UsageTracker) -> int | None:
-    flat = usage.flat
-    return flat.get("completion_tokens", flat.get("output_tokens"))
 
 
 def _report_failed(exc: BaseException) -> None:
