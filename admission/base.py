@@ -310,7 +310,7 @@ class ClientBase:
             _retry_after(retry_after)
         except BadArgument as exc:
             bad, retry_after = exc, None
-        received = getattr(handle, "received", None)
+        received = handle.received
         try:
             _received_total(received)
         except BadArgument as exc:

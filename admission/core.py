@@ -212,19 +212,19 @@ def _token_count(what: str, x: float, low: int) -> str:
     return repr(float(x)) if isinstance(x, float) else str(x)
 
 
-def _received_total(tokens: float | None) -> str:
-    """The tokens a round received in all ('' = its declared size): a finite number in [0, 1e9]."""
-    return "" if tokens is None else _token_count("received", tokens, 0)
-
-
 def _tokens(tokens: float | None) -> str:
     """A round's declared size ('' = not declared): a finite number of tokens in [1, 1e9]."""
     return "" if tokens is None else _token_count("tokens", tokens, 1)
 
 
 def _received(got: float) -> str:
-    """Tokens a running round has received so far: a finite number in [0, 1e9]."""
+    """Tokens a round has received (so far, or in all): a finite number in [0, 1e9]."""
     return _token_count("tokens received", got, 0)
+
+
+def _received_total(tokens: float | None) -> str:
+    """What a round received in all, sent with its release ('' = its declared size)."""
+    return "" if tokens is None else _received(tokens)
 
 
 def _seconds(seconds: float, what: str = "seconds") -> str:

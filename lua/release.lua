@@ -52,7 +52,7 @@ return run(function()
   local now = clock(ARGV[7])
   local at = check_at(ARGV[8], now)
   local retry_after = check_num('retry after', ARGV[9], 0, 0) -- 0: none
-  local received = ARGV[10] and ARGV[10] ~= '' and check_token_count('received', ARGV[10], 0) or nil
+  local received = ARGV[10] and ARGV[10] ~= '' and check_token_count('tokens received', ARGV[10], 0) or nil
   local cfg = load_config(nil)
 
   local s = check_owner(id, read_hash(key('seat', id)), seq, pod)

@@ -109,6 +109,13 @@ def tokens_of(usage: Any) -> Tokens | None:
     return Tokens(prompt - cached, cached, output)
 
 
+def answer_received(usage: Any) -> float | None:
+    """The answer tokens a usage (object, mapping or ``flat_usage`` dict) counts, None when it
+    says nothing: what a declared round received in all."""
+    tokens = tokens_of(usage)
+    return None if tokens is None else float(tokens.output)
+
+
 def cost_of(prices: Mapping[str, float] | None, usage: Any) -> float | None:
     """USD of a usage at a pool's prices (per million tokens); None when unknown."""
     tokens = tokens_of(usage) if not isinstance(usage, Tokens) else usage

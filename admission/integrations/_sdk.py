@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from ._common import Ask, MovedAway, Settings, ask_for, charge_key, is_load, joinable, log, pop_call_args
-from ._prices import PRICES, _get, cost_of, tokens_of
+from ._prices import PRICES, _get, answer_received, cost_of
 from ._streams import (AsyncHeldRound, AsyncRoundStream, AsyncRoundStreamManager, HeldRound, RoundStream,
                        RoundStreamManager)
 from ..classify import RATE_LIMITED, retry_after_of
@@ -33,8 +33,7 @@ def check_pair(adm: Any, is_async: bool, what: str) -> None:
 def received_of(ask: Ask, usage: Any) -> float | None:
     """A declared round's answer tokens received in all, from its usage (None: not declared, or
     the usage says nothing)."""
-    tokens = tokens_of(usage) if ask.tokens is not None else None
-    return None if tokens is None else float(tokens.output)
+    return answer_received(usage) if ask.tokens is not None else None
 
 
 class _CallsBase:

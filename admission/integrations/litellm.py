@@ -82,7 +82,7 @@ from litellm.integrations.custom_logger import CustomLogger
 
 from .._log import get_logger
 from ._common import answer_budget
-from ._prices import cost_of, prices_of, tokens_of
+from ._prices import answer_received, cost_of, prices_of
 from ..aio import AsyncAdmission
 from ..base import release_record
 from ..classify import ERROR, outcome_of, retry_after_of
@@ -290,8 +290,8 @@ class AdmissionHook(CustomLogger):
         cost = self._price(held.decision.pool, response_obj, kwargs)
         if cost is None:
             cost = _number(kwargs.get("response_cost"))
-        tokens = tokens_of(_usage(response_obj, kwargs)) if held.declared else None
-        await self._release(held, "clean", cost=cost, received=None if tokens is None else float(tokens.output))
+        received = answer_received(_usage(response_obj, kwargs)) if held.declared else None
+        await self._release(held, "clean", cost=cost, received=received)
 
     async def async_log_failure_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
         held = self._take(_round_of(kwargs))
