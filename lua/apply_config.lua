@@ -28,9 +28,13 @@
   Reply: {status, new version, hold until (0 = none)}
   Errors: ADM_BAD_POLICY, ADM_BAD_NAME, ADM_STALE_VERSION
 ]]
---@include "codes"
---@include "util"
---@include "events"
+--- @include "codes"
+--- @include "util"
+--- @include "events"
+local ERR, STATUS = Codes.ERR, Codes.STATUS
+local CALLER_CLOCK_ONLY, check_name, check_now = Util.CALLER_CLOCK_ONLY, Util.check_name, Util.check_now
+local check_one_of, clock, fail, fmt, run = Util.check_one_of, Util.clock, Util.fail, Util.fmt, Util.run
+local event = Events.event
 
 local MAX_LANES, MAX_POOLS = 1000, 1000 -- bounds every later write needs (one HSET, one HMGET)
 local RECOVERY_MARGIN = 1 -- seconds past one heartbeat period
@@ -40,7 +44,7 @@ local TUNABLES = {'seed_estimate', 'max_estimate', 'slow_start_factor', 'slow_st
   'probe_every', 'closed_for', 'aging_unit', 'cost_scale', 'health_max_age', 'decision_ttl', 'retry_after_max'}
 local ZERO_OK = {retry_after_max = true} -- 0 turns the Retry-After pause off
 
-return run(function()
+return function()
   local token = check_name('token', ARGV[3])
   local ok, policy = pcall(cjson.decode, ARGV[2] or '')
   if not ok or type(policy) ~= 'table' then fail(ERR.BAD_POLICY, 'policy is not a JSON object') end
@@ -214,4 +218,4 @@ return run(function()
   redis.call('HSET', KEYS[1], unpack(fields))
   event('config', 'version', current + 1, 'holdUntil', fmt(hold))
   return {STATUS.OK, current + 1, fmt(hold)}
-end)
+end

@@ -19,12 +19,17 @@
     advance: advanced (the watermark is now at least the revision)
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_NO_CONFIG
 ]]
---@include "codes"
---@include "util"
---@include "config"
---@include "fence"
+--- @include "codes"
+--- @include "util"
+--- @include "config"
+--- @include "fence"
+local ERR, STATUS = Codes.ERR, Codes.STATUS
+local check_name, check_one_of, clock, fail = Util.check_name, Util.check_one_of, Util.clock, Util.fail
+local fmt, run = Util.fmt, Util.run
+local load_config = Config.load_config
+local check_revision, read_intent, write_intent = Fence.check_revision, Fence.read_intent, Fence.write_intent
 
-return run(function()
+return function()
   local action = check_one_of('action', ARGV[1], {bind = true, advance = true})
   local id = check_name('intent id', ARGV[2])
   local rev = check_revision(ARGV[3])
@@ -41,4 +46,4 @@ return run(function()
     mark = rev
   end
   return {STATUS.OK, action == 'bind' and 'bound' or 'advanced', fmt(mark)}
-end)
+end

@@ -15,12 +15,18 @@
   Reply: {status, reading's day, closed until (0 = open)}
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_PROVIDER, ADM_NO_CONFIG
 ]]
---@include "codes"
---@include "util"
---@include "config"
---@include "events"
---@include "seats"
---@include "provider"
+--- @include "codes"
+--- @include "util"
+--- @include "config"
+--- @include "events"
+--- @include "provider"
+local ERR, STATUS = Codes.ERR, Codes.STATUS
+local check_name, check_num, clock, fail = Util.check_name, Util.check_num, Util.clock, Util.fail
+local fmt, key, run, utc_day = Util.fmt, Util.key, Util.run, Util.utc_day
+local load_config = Config.load_config
+local event = Events.event
+local READING_SKEW, budget, close_provider = Provider.READING_SKEW, Provider.budget, Provider.close_provider
+local is_closed, load_provider = Provider.is_closed, Provider.load_provider
 
 local function micro_arg(what, s)
   if s == nil or s == '' then return nil end
@@ -29,7 +35,7 @@ local function micro_arg(what, s)
   return x
 end
 
-return run(function()
+return function()
   local name = check_name('provider', ARGV[1])
   local limit, spent = micro_arg('limit', ARGV[2]), micro_arg('spent', ARGV[3])
   local at = check_num('at', ARGV[4], nil, 0)
@@ -46,4 +52,4 @@ return run(function()
   local b = budget(cfg, name, now, pv)
   if b and b.spent >= b.limit and not is_closed(pv, now) then close_provider(cfg, name, now, 'budget_reached') end
   return {STATUS.OK, day, fmt(load_provider(name).closedUntil)}
-end)
+end

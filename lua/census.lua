@@ -7,21 +7,15 @@
   Reply: the census JSON (also stored in adm:{<mesh>}:census)
   Errors: ADM_BAD_ARG, ADM_NO_CONFIG
 ]]
---@include "codes"
---@include "util"
---@include "config"
---@include "pool"
---@include "lanes"
---@include "events"
---@include "seats"
---@include "provider"
---@include "capline"
---@include "decide"
---@include "fence"
---@include "census"
+--- @include "util"
+--- @include "config"
+--- @include "census"
+local clock, run = Util.clock, Util.run
+local load_config = Config.load_config
+local build_census = Census.build_census
 
-return run(function()
+return function()
   local now = clock(ARGV[1])
   local cfg = load_config(nil)
   return build_census(cfg, now)
-end)
+end

@@ -19,17 +19,22 @@
     key is written back as it is, util.lua rewrite)
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_NOT_YOUR_SEAT, ADM_NO_CONFIG
 ]]
---@include "codes"
---@include "util"
---@include "config"
---@include "pool"
---@include "events"
---@include "seats"
---@include "provider"
---@include "capline"
---@include "outcome"
+--- @include "codes"
+--- @include "util"
+--- @include "config"
+--- @include "events"
+--- @include "seats"
+--- @include "outcome"
+local ERR, STATUS = Codes.ERR, Codes.STATUS
+local check_name, clock, fail, fmt, key = Util.check_name, Util.clock, Util.fail, Util.fmt, Util.key
+local run, utc_day = Util.run, Util.utc_day
+local load_config = Config.load_config
+local event = Events.event
+local check_owner, read_hash, seat_args = Seats.check_owner, Seats.read_hash, Seats.seat_args
+local book, check_at, check_cost = Outcome.book, Outcome.check_at, Outcome.check_cost
+local provider_of = Outcome.provider_of
 
-return run(function()
+return function()
   local id, seq, pod = seat_args()
   local lane = check_name('lane', ARGV[4])
   local pool = check_name('pool', ARGV[5])
@@ -48,4 +53,4 @@ return run(function()
   if not book(id, seq, charge_key, lane, pool, at, cost) then return {STATUS.ALREADY_CHARGED, provider, day} end
   event('charged', 'round', id, 'lane', lane, 'pool', pool, 'key', charge_key, 'micro', fmt(cost))
   return {STATUS.CHARGED, provider, day}
-end)
+end

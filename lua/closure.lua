@@ -15,14 +15,18 @@
     `totals` as closed|<provider>|operator:<why> or reopened|<provider>|operator:<why>
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_PROVIDER, ADM_NO_CONFIG
 ]]
---@include "codes"
---@include "util"
---@include "config"
---@include "events"
---@include "seats"
---@include "provider"
+--- @include "codes"
+--- @include "util"
+--- @include "config"
+--- @include "provider"
+local ERR, STATUS = Codes.ERR, Codes.STATUS
+local check_name, check_num, check_one_of = Util.check_name, Util.check_num, Util.check_one_of
+local clock, fail, fmt, run = Util.clock, Util.fail, Util.fmt, Util.run
+local load_config = Config.load_config
+local close_provider, next_midnight = Provider.close_provider, Provider.next_midnight
+local reopen_provider = Provider.reopen_provider
 
-return run(function()
+return function()
   local action = check_one_of('action', ARGV[1], {close = true, reopen = true})
   local name = check_name('provider', ARGV[2])
   local why = check_name('why', ARGV[3])
@@ -41,4 +45,4 @@ return run(function()
   end
   local until_ = close_provider(cfg, name, now, 'operator:' .. why, seconds or (next_midnight(now) - now))
   return {STATUS.OK, fmt(until_)}
-end)
+end

@@ -7,7 +7,7 @@
   lanes the policy no longer names.
 
   KEYS[1]  adm:{<mesh>}:config
-  ARGV[1]  none: the doctor takes no arguments (any are ignored)
+  ARGV     none: the doctor takes no arguments (any are ignored)
 
   What it reads, atomically:
     `seats` and every seat:<id>; `tickets` and every ticket:<id>; the records of the ids found in
@@ -30,12 +30,12 @@
     queue-member-misplaced, pinned-not-waiting, sweep-marker-late, sized-index, bad-config). An empty problem list may come back as {} (cjson).
   Errors: ADM_BAD_ARG (KEYS[1])
 ]]
---@include "codes"
---@include "util"
---@include "events"
---@include "seats"
+--- @include "util"
+--- @include "seats"
+local key, run = Util.key, Util.run
+local earliest_lease, read_hash = Seats.earliest_lease, Seats.read_hash
 
-return run(function()
+return function()
   local problems = {}
   local function problem(kind, details)
     details.kind = kind
@@ -130,7 +130,7 @@ return run(function()
   -- what the records say, per pool and lane
   local want = {}  -- pool -> {running, waiting, lanes = {lane -> {run, wait, deleg}}}
   for _, p in ipairs(pools) do want[p] = {running = 0, waiting = 0, moved = 0, sized = 0, lanes = {}} end
-  local function lane_of(p, lane)
+  local function want_of(p, lane)
     local w = want[p].lanes[lane]
     if not w then
       w = {run = 0, wait = 0, deleg = 0}
@@ -144,7 +144,7 @@ return run(function()
       want[s.pool].running = want[s.pool].running + 1
       if s.movedFrom and s.movedFrom ~= '' then want[s.pool].moved = want[s.pool].moved + 1 end
       if s.tokens and s.tokens ~= '' then want[s.pool].sized = want[s.pool].sized + 1 end
-      local w = lane_of(s.pool, s.lane)
+      local w = want_of(s.pool, s.lane)
       w.run = w.run + 1
       if s.delegated and s.delegated ~= '' then w.deleg = w.deleg + 1 end
     end
@@ -153,7 +153,7 @@ return run(function()
     local t = tickets[id]
     if t and usable('ticket', id, t) then
       want[t.pool].waiting = want[t.pool].waiting + 1
-      local w = lane_of(t.pool, t.lane)
+      local w = want_of(t.pool, t.lane)
       w.wait = w.wait + 1
     end
   end
@@ -269,4 +269,4 @@ return run(function()
   end
 
   return cjson.encode({ok = #problems == 0, seats = #seat_ids, tickets = #ticket_ids, problems = problems})
-end)
+end

@@ -15,13 +15,17 @@
   Reply: {status, fresh until (epoch seconds)}
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_POOL, ADM_NO_CONFIG
 ]]
---@include "codes"
---@include "util"
---@include "config"
---@include "events"
---@include "seats"
---@include "provider"
---@include "fence"
+--- @include "codes"
+--- @include "util"
+--- @include "config"
+--- @include "provider"
+--- @include "fence"
+local ERR, STATUS = Codes.ERR, Codes.STATUS
+local check_num, check_one_of, clock, fail = Util.check_num, Util.check_one_of, Util.clock, Util.fail
+local fmt, key, run = Util.fmt, Util.key, Util.run
+local check_pool, load_config = Config.check_pool, Config.load_config
+local READING_SKEW = Provider.READING_SKEW
+local max_age = Fence.max_age
 
 local function count_arg(what, s, optional)
   if optional and (s == nil or s == '') then return nil end
@@ -30,7 +34,7 @@ local function count_arg(what, s, optional)
   return x
 end
 
-return run(function()
+return function()
   local pool = ARGV[1]
   local cfg = load_config(pool)
   check_pool(pool, cfg.provider)
@@ -51,4 +55,4 @@ return run(function()
   redis.call('HSET', key('plane', pool), 'healthAt', fmt(at), 'healthOk', ok, 'healthDepth', depth,
     'healthRunning', running and fmt(running) or '')
   return {STATUS.OK, fmt(at + max_age(cfg, pool))}
-end)
+end

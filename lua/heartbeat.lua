@@ -14,13 +14,19 @@
     ticket whose lane or pool left the policy is removed and reported lost)
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_NO_CONFIG
 ]]
---@include "codes"
---@include "util"
---@include "config"
---@include "events"
---@include "seats"
+--- @include "codes"
+--- @include "util"
+--- @include "config"
+--- @include "seats"
+local ERR, STATUS = Codes.ERR, Codes.STATUS
+local check_name, check_num, check_whole = Util.check_name, Util.check_num, Util.check_whole
+local clock, fail, fmt, key, run = Util.clock, Util.fail, Util.fmt, Util.key, Util.run
+local load_config = Config.load_config
+local MAX_SEQ, add_seat, check_seq = Seats.MAX_SEQ, Seats.add_seat, Seats.check_seq
+local drop_ticket, keep_sweep_before, read_gone = Seats.drop_ticket, Seats.keep_sweep_before, Seats.read_gone
+local read_hash = Seats.read_hash
 
-return run(function()
+return function()
   local pod = check_name('pod', ARGV[1])
   local now = clock(ARGV[2])
   local n = check_whole('seat count', ARGV[3], nil, 0, MAX_SEQ)
@@ -82,4 +88,4 @@ return run(function()
   end
   if #seats + #tickets > 0 then keep_sweep_before(cfg.sweep_at, until_) end -- renewed or re-asserted leases
   return {STATUS.OK, fmt(until_), lost, reasserted, lost_tickets}
-end)
+end

@@ -17,16 +17,23 @@
     would take some of the rest (the total is the sum)
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_LANE, ADM_UNKNOWN_POOL, ADM_NO_CONFIG
 ]]
---@include "codes"
---@include "util"
---@include "config"
---@include "pool"
---@include "lanes"
---@include "events"
---@include "seats"
---@include "provider"
---@include "capline"
---@include "decide"
+--- @include "codes"
+--- @include "util"
+--- @include "config"
+--- @include "pool"
+--- @include "lanes"
+--- @include "provider"
+--- @include "decide"
+local ERR, STATUS = Codes.ERR, Codes.STATUS
+local check_name, check_num, clock, fail = Util.check_name, Util.check_num, Util.clock, Util.fail
+local run = Util.run
+local catalog, check_lane, check_pool = Config.catalog, Config.check_lane, Config.check_pool
+local lane_of, load_config, pinned = Config.lane_of, Config.load_config, Config.pinned
+local load_pool = Pool.load_pool
+local load_lanes = Lanes.load_lanes
+local budget, gate, lane_spend = Provider.budget, Provider.gate, Provider.lane_spend
+local load_provider, money = Provider.load_provider, Provider.money
+local plan = Decide.plan
 
 -- The provider's day first (a closed provider starts only its probe), then the lane rules with
 -- the money context: what admit would do to `wanted` newcomers asking one after another.
@@ -43,7 +50,7 @@ local function plan_here(cfg, pool, lane, wanted, now)
   return plan(cfg, T, p, L, lane, wanted, m)
 end
 
-return run(function()
+return function()
   local cfg = load_config(nil)
   local agent = check_name('agent', ARGV[4], true)
   local lane = check_lane(cfg, lane_of(cfg, ARGV[1], agent))
@@ -83,4 +90,4 @@ return run(function()
     end
   end
   return out
-end)
+end

@@ -15,16 +15,23 @@
     or no time since its last report, adds nothing.
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_NO_CONFIG
 ]]
---@include "codes"
---@include "util"
---@include "config"
---@include "pool"
---@include "seats"
---@include "capline"
+--- @include "codes"
+--- @include "util"
+--- @include "config"
+--- @include "pool"
+--- @include "seats"
+--- @include "capline"
+local ERR, STATUS = Codes.ERR, Codes.STATUS
+local check_name, clock, fail, key, run = Util.check_name, Util.clock, Util.fail, Util.key, Util.run
+local load_config = Config.load_config
+local load_pool, save_pool = Pool.load_pool, Pool.save_pool
+local check_seq, read_hash = Seats.check_seq, Seats.read_hash
+local CLOCK_FIT_FIELDS, advance_clock = Capline.CLOCK_FIT_FIELDS, Capline.advance_clock
+local check_token_count, fit_progress = Capline.check_token_count, Capline.fit_progress
 
 local MAX_REPORTS = 10000
 
-return run(function()
+return function()
   local pod = check_name('pod', ARGV[1])
   local now = clock(ARGV[2])
   local n = #ARGV - 2
@@ -59,4 +66,4 @@ return run(function()
   end
   for _, p in ipairs(order) do save_pool(p, CLOCK_FIT_FIELDS) end
   return {STATUS.REPORTED, points, lost}
-end)
+end

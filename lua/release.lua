@@ -34,17 +34,29 @@
     pool, or of a pool that lists it as an alternative)
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_SEAT, ADM_NOT_YOUR_SEAT, ADM_NO_CONFIG
 ]]
---@include "codes"
---@include "util"
---@include "config"
---@include "pool"
---@include "capline"
---@include "events"
---@include "seats"
---@include "provider"
---@include "outcome"
+--- @include "codes"
+--- @include "util"
+--- @include "config"
+--- @include "pool"
+--- @include "capline"
+--- @include "events"
+--- @include "seats"
+--- @include "outcome"
+local ERR, STATUS = Codes.ERR, Codes.STATUS
+local check_num, check_one_of, clock, fail = Util.check_num, Util.check_one_of, Util.clock, Util.fail
+local fmt, key, rewrite, run = Util.fmt, Util.key, Util.rewrite, Util.run
+local load_config = Config.load_config
+local load_pool = Pool.load_pool
+local advance_clock, check_token_count = Capline.advance_clock, Capline.check_token_count
+local fit_release = Capline.fit_release
+local event = Events.event
+local check_owner, drop_seat, read_gone = Seats.check_owner, Seats.drop_seat, Seats.read_gone
+local read_hash, seat_args, wake_if_waited = Seats.read_hash, Seats.seat_args, Seats.wake_if_waited
+local OUTCOMES, SIGNAL_CLOCK_FIELDS = Outcome.OUTCOMES, Outcome.SIGNAL_CLOCK_FIELDS
+local SIGNAL_FIELDS, SIGNAL_FIT_FIELDS = Outcome.SIGNAL_FIELDS, Outcome.SIGNAL_FIT_FIELDS
+local apply_outcome, check_at, check_cost = Outcome.apply_outcome, Outcome.check_at, Outcome.check_cost
 
-return run(function()
+return function()
   local id, seq, pod = seat_args()
   local outcome = check_one_of('outcome', ARGV[4], OUTCOMES)
   local seconds = check_num('seconds', ARGV[5], 0, 0)
@@ -91,4 +103,4 @@ return run(function()
   wake_if_waited(cfg, s.pool, p.waiting)
   event('released', 'round', id, 'pool', s.pool, 'lane', s.lane, 'outcome', outcome, 'seconds', fmt(seconds))
   return {STATUS.RELEASED, s.pool, decreased and 1 or 0, fmt(p.est), fmt(p.succ), fmt(p.fail), fmt(p.meanCost)}
-end)
+end

@@ -18,17 +18,25 @@
     signal applied counts signal|<pool>|<signal> in `totals` (ALREADY_REPORTED counts nothing)
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_SEAT, ADM_NOT_YOUR_SEAT, ADM_NO_CONFIG
 ]]
---@include "codes"
---@include "util"
---@include "config"
---@include "pool"
---@include "events"
---@include "seats"
---@include "provider"
---@include "capline"
---@include "outcome"
+--- @include "codes"
+--- @include "util"
+--- @include "config"
+--- @include "pool"
+--- @include "events"
+--- @include "seats"
+--- @include "capline"
+--- @include "outcome"
+local ERR, STATUS = Codes.ERR, Codes.STATUS
+local check_num, check_one_of, clock, fail = Util.check_num, Util.check_one_of, Util.clock, Util.fail
+local fmt, key, run = Util.fmt, Util.key, Util.run
+local load_config = Config.load_config
+local load_pool = Pool.load_pool
+local count = Events.count
+local check_owner, read_hash, seat_args = Seats.check_owner, Seats.read_hash, Seats.seat_args
+local stall_planned = Capline.stall_planned
+local LOAD, SIGNALS, pause, signal = Outcome.LOAD, Outcome.SIGNALS, Outcome.pause, Outcome.signal
 
-return run(function()
+return function()
   local id, seq, pod = seat_args()
   local what = check_one_of('signal', ARGV[4], SIGNALS)
   local now = clock(ARGV[5])
@@ -47,4 +55,4 @@ return run(function()
   local decreased = not planned and signal(cfg, p, now, what, seq, tonumber(s.load), false, retry_after)
   if LOAD[what] then redis.call('HSET', key('seat', id), 'signalled', what) end
   return {STATUS.REPORTED, s.pool, decreased and 1 or 0, fmt(p.est)}
-end)
+end

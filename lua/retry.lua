@@ -17,14 +17,20 @@
     there) or compensate_or_shed (none left: compensate or drop inside that plane; nothing spent)
   Errors: ADM_BAD_ARG, ADM_BAD_NAME, ADM_UNKNOWN_SEAT, ADM_NOT_YOUR_SEAT, ADM_NO_CONFIG
 ]]
---@include "codes"
---@include "util"
---@include "config"
---@include "events"
---@include "seats"
---@include "fence"
+--- @include "codes"
+--- @include "util"
+--- @include "config"
+--- @include "seats"
+--- @include "fence"
+local ERR, STATUS = Codes.ERR, Codes.STATUS
+local check_name, clock, fail, fmt, key = Util.check_name, Util.clock, Util.fail, Util.fmt, Util.key
+local run = Util.run
+local load_config = Config.load_config
+local check_owner, read_hash, seat_args = Seats.check_owner, Seats.read_hash, Seats.seat_args
+local load_plane, read_intent, spend_retry = Fence.load_plane, Fence.read_intent, Fence.spend_retry
+local write_intent = Fence.write_intent
 
-return run(function()
+return function()
   local id, seq, pod = seat_args()
   local now = clock(ARGV[4])
   local attempt = check_name('attempt key', ARGV[5], true)
@@ -45,4 +51,4 @@ return run(function()
   end
   if attempt ~= '' then write_intent(id, 'attempt:' .. attempt, decision) end
   return {STATUS.OK, decision, st.retries and fmt(st.retries) or '', retries, s.pool}
-end)
+end

@@ -12,20 +12,22 @@
   Reply: {status, ran (1) or already ran today (0), day, {reopened providers}, ran at}
   Errors: ADM_BAD_ARG, ADM_NO_CONFIG
 ]]
---@include "codes"
---@include "util"
---@include "config"
---@include "pool"
---@include "lanes"
---@include "events"
---@include "seats"
---@include "provider"
---@include "capline"
---@include "decide"
---@include "fence"
---@include "census"
+--- @include "codes"
+--- @include "util"
+--- @include "config"
+--- @include "events"
+--- @include "seats"
+--- @include "provider"
+--- @include "census"
+local STATUS = Codes.STATUS
+local clock, fmt, key, run, utc_day = Util.clock, Util.fmt, Util.key, Util.run, Util.utc_day
+local catalog, load_config = Config.catalog, Config.load_config
+local event = Events.event
+local wake = Seats.wake
+local load_provider, reopen_provider = Provider.load_provider, Provider.reopen_provider
+local build_census = Census.build_census
 
-return run(function()
+return function()
   local now = clock(ARGV[1])
   local cfg = load_config(nil)
   local day = utc_day(now)
@@ -49,4 +51,4 @@ return run(function()
   redis.call('SET', key('census', 'at'), fmt(now))
   event('rollover', 'day', day, 'reopened', table.concat(reopened, ','))
   return {STATUS.OK, 1, day, reopened, fmt(now)}
-end)
+end

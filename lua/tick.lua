@@ -14,22 +14,28 @@
     each growth step (pool, est, cap)
   Errors: ADM_BAD_ARG, ADM_NO_CONFIG
 ]]
---@include "codes"
---@include "util"
---@include "config"
---@include "pool"
---@include "capline"
---@include "lanes"
---@include "events"
---@include "seats"
---@include "provider"
---@include "decide"
---@include "fence"
---@include "census"
+--- @include "codes"
+--- @include "util"
+--- @include "config"
+--- @include "pool"
+--- @include "capline"
+--- @include "events"
+--- @include "seats"
+--- @include "census"
+local STATUS = Codes.STATUS
+local check_whole, clock, fmt, key, run = Util.check_whole, Util.clock, Util.fmt, Util.key, Util.run
+local catalog, load_config = Config.catalog, Config.load_config
+local GROW_FIELDS, grow, load_pool, save_pool = Pool.GROW_FIELDS, Pool.grow, Pool.load_pool, Pool.save_pool
+local slots = Pool.slots
+local CEILING_FIELDS, advance_clock = Capline.CEILING_FIELDS, Capline.advance_clock
+local ceiling_of = Capline.ceiling_of
+local event = Events.event
+local sweep, wake = Seats.sweep, Seats.wake
+local build_census = Census.build_census
 
 local MAX_SWEEP = 10000 -- leases swept in one call at most: a bounded call (the CLI sweeps 1000 a call)
 
-return run(function()
+return function()
   local now = clock(ARGV[1])
   local limit = check_whole('sweep limit', ARGV[2], 100, 1, MAX_SWEEP) -- ZRANGEBYSCORE LIMIT takes an integer
   local cfg = load_config(nil)
@@ -63,4 +69,4 @@ return run(function()
     refreshed = 1
   end
   return {STATUS.OK, swept, grew, refreshed}
-end)
+end

@@ -8,12 +8,14 @@
   Reply: {status, removed (0/1)}
   Errors: ADM_BAD_NAME, ADM_NOT_YOUR_SEAT (the ticket belongs to another pod)
 ]]
---@include "codes"
---@include "util"
---@include "events"
---@include "seats"
+--- @include "codes"
+--- @include "util"
+--- @include "seats"
+local ERR, STATUS = Codes.ERR, Codes.STATUS
+local check_name, fail, key, run = Util.check_name, Util.fail, Util.key, Util.run
+local drop_ticket, read_hash = Seats.drop_ticket, Seats.read_hash
 
-return run(function()
+return function()
   local id = check_name('ticket id', ARGV[1])
   local pod = check_name('pod', ARGV[2])
   local t = read_hash(key('ticket', id))
@@ -21,4 +23,4 @@ return run(function()
   if t.pod ~= pod then fail(ERR.NOT_YOUR_SEAT, 'ticket ' .. id .. ' belongs to pod ' .. t.pod) end
   drop_ticket(id, t)
   return {STATUS.OK, 1}
-end)
+end

@@ -41,9 +41,11 @@ import argparse
 import contextlib
 import gc
 import itertools
+import json
 import logging
 import os
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -710,7 +712,15 @@ def render_census(result: dict[str, Any], markdown: bool = False) -> str:
 
 
 def _library_of(lua: Path) -> tuple[str, str]:
-    """(code, version) of the library built from another Lua folder."""
+    """(code, version) of the library built from another Lua folder: by that checkout's own
+    loader when the folder is a checkout's (its format may be older than this loader's)."""
+    tree = lua.resolve().parent
+    if (tree / "admission" / "scripts.py").is_file():
+        code = "import json, sys; from admission.scripts import library; json.dump(library(), sys.stdout)"
+        out = subprocess.run([sys.executable, "-c", code], cwd=tree, check=True, capture_output=True, text=True,
+                             env={**os.environ, "ADMISSION_LUA_DIR": str(lua), "PYTHONPATH": str(tree)}).stdout
+        built, version = json.loads(out)
+        return built, version
     old = os.environ.get("ADMISSION_LUA_DIR")
     os.environ["ADMISSION_LUA_DIR"] = str(lua)
     scripts.library.cache_clear()

@@ -16,6 +16,11 @@
 -- keeps tokens, area0 and virt0 (the clock when it was admitted).
 -- Seconds per token growing linearly with the rounds in flight is processor sharing with a cost
 -- per round; the fit's two numbers are measured, nothing of a provider is assumed beyond that.
+--- @include "codes"
+--- @include "util"
+local ERR = Codes.ERR
+local check_num, concat, fail, fmt, key = Util.check_num, Util.concat, Util.fail, Util.fmt, Util.key
+
 local CAP_SHARE = 0.95 -- plan to end by 95 % of the cap: the fit and the ceiling lag by a tick
 local FIT_DECAY = 0.95 -- a point's weight after each newer one (about the last 20 rounds count)
 local FIT_MIN_POINTS = 3
@@ -188,3 +193,20 @@ local function ceiling_of(T, p, now)
   if m == math.huge then return 0 end
   return math.max(1, m)
 end
+
+return {
+  CLOCK_FIELDS = CLOCK_FIELDS,
+  FIT_FIELDS = FIT_FIELDS,
+  CEILING_FIELDS = CEILING_FIELDS,
+  CLOCK_FIT_FIELDS = CLOCK_FIT_FIELDS,
+  check_token_count = check_token_count,
+  check_tokens = check_tokens,
+  advance_clock = advance_clock,
+  ceiling_room = ceiling_room,
+  under_ceiling = under_ceiling,
+  cap_line_refuses = cap_line_refuses,
+  fit_progress = fit_progress,
+  fit_release = fit_release,
+  stall_planned = stall_planned,
+  ceiling_of = ceiling_of,
+}

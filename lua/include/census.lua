@@ -11,6 +11,22 @@
 -- depthLimit, retriesLeft, retryBudget, healthRequired, healthAgeSeconds, healthOk, healthFresh,
 -- healthMaxAge.
 -- Arrays that can be empty are encoded by cjson as {} on some engines: readers treat {} as [].
+--- @include "config"
+--- @include "decide"
+--- @include "fence"
+--- @include "lanes"
+--- @include "pool"
+--- @include "provider"
+--- @include "util"
+local catalog, check_pool = Config.catalog, Config.check_pool
+local in_a_row, plan, rivals = Decide.in_a_row, Decide.plan, Decide.rivals
+local load_plane, plane_view = Fence.load_plane, Fence.plane_view
+local borrowed, guaranteed, load_lanes = Lanes.borrowed, Lanes.guaranteed, Lanes.load_lanes
+local load_pool, probe_backoff, slots = Pool.load_pool, Pool.probe_backoff, Pool.slots
+local budget, gate, is_closed = Provider.budget, Provider.gate, Provider.is_closed
+local load_provider, money = Provider.load_provider, Provider.money
+local key, utc_day = Util.key, Util.utc_day
+
 local function census_pool(cfg, T, pool, now, day, starving, p, L, in_flight)
   local C = slots(p)
   local g = guaranteed(cfg, L, C, nil)
@@ -128,3 +144,5 @@ local function build_census(cfg, now)
   redis.call('SET', key('census'), doc)
   return doc
 end
+
+return {build_census = build_census}

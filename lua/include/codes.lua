@@ -1,6 +1,7 @@
 -- Reply codes shared by every script. This file is the one source: admission/codes.py mirrors it
 -- and tests/test_codes.py checks the two agree (by parsing this file and by asking a server).
 -- Status codes are the first element of every reply array.
+
 local STATUS = {
   REFUSED = 0,          -- admit: the round may not start now (reason says why)
   ADMITTED = 1,         -- admit: a seat is held (reason says by which rule)
@@ -26,3 +27,5 @@ local ERR = {
   STALE_VERSION = 'ADM_STALE_VERSION', -- apply-config lost a compare-and-set on the version
   UNKNOWN_PROVIDER = 'ADM_UNKNOWN_PROVIDER', -- provider not declared in the policy
 }
+
+return {STATUS = STATUS, ERR = ERR}

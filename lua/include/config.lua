@@ -19,7 +19,19 @@
 -- The library keeps the decoded policy per mesh across calls: a call reads the token (and the
 -- pool's provider) and decodes the policy again only when the token changed. State decides:
 -- the same hash gives the same policy, cached or not.
+--- @include "codes"
+--- @include "util"
+local ERR = Codes.ERR
+local check_name, fail = Util.check_name, Util.fail
+
 local CONFIG_CACHE = {}
+
+-- Tunables a policy stored before they existed lacks, filled once here, where the policy is
+-- decoded: what that policy did before (a slow-start step was not bounded; a Retry-After was
+-- bounded by 60 s; a borrow's refusal was answered again for 30 s). Applying it again stores
+-- the current defaults (admission/policy.py). (1 / 0 is math.huge: no global may be read while
+-- the library loads.)
+local OLD_POLICY_DEFAULTS = {slow_start_step = 1 / 0, retry_after_max = 60, decision_ttl = 30}
 
 local function load_config(pool)
   local v = redis.call('HMGET', KEYS[1], 'token', pool and ('pool:' .. pool) or 'token', 'sweepAt')
@@ -30,6 +42,9 @@ local function load_config(pool)
       'planes')
     c = {token = v[1], version = tonumber(raw[1]), lanes = cjson.decode(raw[2]), T = cjson.decode(raw[3]),
       lane = {}, max_weight = 0, hold_until = tonumber(raw[4]) or 0, providers = cjson.decode(raw[5] or '{}')}
+    for k, default in pairs(OLD_POLICY_DEFAULTS) do
+      if c.T[k] == nil then c.T[k] = default end
+    end
     c.planes = cjson.decode(raw[7] or '{}')
     local mv = cjson.decode(raw[6] or '{}')
     -- movers: for each pool, the pools that list it as an alternative (their waiters re-ask it)
@@ -98,3 +113,12 @@ end
 local function catalog()
   return cjson.decode(redis.call('HGET', KEYS[1], 'pools') or '[]')
 end
+
+return {
+  load_config = load_config,
+  lane_of = lane_of,
+  pinned = pinned,
+  check_lane = check_lane,
+  check_pool = check_pool,
+  catalog = catalog,
+}

@@ -5,6 +5,14 @@
 -- admit.lua; plan and the census count them with the money context `m` (provider.lua money()).
 -- plan() and the census count the newcomers decide would admit in a row without running it once
 -- per newcomer (in_a_row): O(lanes) per pool, then O(1) per lane, whatever the estimate.
+--- @include "capline"
+--- @include "lanes"
+--- @include "pool"
+--- @include "provider"
+local ceiling_room, under_ceiling = Capline.ceiling_room, Capline.under_ceiling
+local borrowed, guaranteed, quota = Lanes.borrowed, Lanes.guaranteed, Lanes.quota
+local slots = Pool.slots
+local budget_ok = Provider.budget_ok
 
 -- p(φ): 1 while φ >= high_free, smoothstep of φ/high_free below, 0 at φ <= 0.
 local function p_phi(T, phi)
@@ -189,3 +197,5 @@ local function plan(cfg, T, p, L, lane, wanted, m)
   return in_a_row(cfg, T, p, rivals(cfg, L, g, lane, cfg.lane[lane].priority), lane, L.run[lane], g[lane], wanted,
     m)
 end
+
+return {rivals = rivals, decide = decide, guarded_at = guarded_at, in_a_row = in_a_row, plan = plan}

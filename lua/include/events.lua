@@ -10,6 +10,9 @@
 -- Refusals are counted, not streamed: a busy mesh refuses far more often than anything changes,
 -- and one entry per refusal would push hours of transitions out of the capped stream.
 -- Names never hold '|' (check_name), so the fields split back unambiguously.
+--- @include "util"
+local key = Util.key
+
 local EVENTS_MAX = 10000
 local REFUSALS_TTL = 86400
 
@@ -31,3 +34,5 @@ local function count_refusal(now, pool, lane, reason)
   if redis.call('HINCRBY', minute, field, 1) == 1 then redis.call('EXPIRE', minute, REFUSALS_TTL) end
   count('refused', field)
 end
+
+return {event = event, count = count, count_refusal = count_refusal}

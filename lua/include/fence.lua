@@ -8,6 +8,11 @@
 -- (tokens per second), healthRequired, healthMaxAge. An unset limit does not fence.
 -- The invariant: a borrow never spends the primary plane's budgets, and a shed borrow changes
 -- nothing on the primary. Only the borrowed plane and the intent's own record are written.
+--- @include "codes"
+--- @include "util"
+local ERR = Codes.ERR
+local check_num, fail, fmt, key = Util.check_num, Util.fail, Util.fmt, Util.key
+
 local INTENT_TTL = 86400
 
 -- A plane's health max age: the pool's, else the tunable.
@@ -101,3 +106,15 @@ local function plane_view(st, waiting, now)
     healthAgeSeconds = st.healthAt and (now - st.healthAt) or nil, healthOk = st.healthAt and st.healthOk or nil,
     healthFresh = st.fresh, healthMaxAge = st.maxAge}
 end
+
+return {
+  max_age = max_age,
+  waiting_of = waiting_of,
+  load_plane = load_plane,
+  fence = fence,
+  spend_retry = spend_retry,
+  read_intent = read_intent,
+  write_intent = write_intent,
+  check_revision = check_revision,
+  plane_view = plane_view,
+}

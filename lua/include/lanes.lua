@@ -1,6 +1,9 @@
 -- Per-lane counts of one pool, in the hash `lanes:<p>`: `<lane>` running (delegated included),
 -- `<lane>|w` waiting, `<lane>|d` delegated. One HMGET reads every lane: O(lanes).
 -- A decision reads running and waiting per lane; the census (`delegated`) the delegated too.
+--- @include "util"
+local key = Util.key
+
 local function load_lanes(cfg, pool, delegated)
   local per = delegated and 3 or 2
   local v = redis.call('HMGET', key('lanes', pool), unpack(delegated and cfg.lane_fields_d or cfg.lane_fields))
@@ -58,3 +61,5 @@ end
 local function borrowed(L, g, lane)
   return math.max(0, L.run[lane] - g[lane])
 end
+
+return {load_lanes = load_lanes, quota = quota, guaranteed = guaranteed, borrowed = borrowed}

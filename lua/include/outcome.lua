@@ -1,5 +1,22 @@
 -- What a round reports, applied to its pool and its provider (docs/design.md §4 "Signals", §6),
 -- and the spend ledger.
+--- @include "capline"
+--- @include "codes"
+--- @include "events"
+--- @include "pool"
+--- @include "provider"
+--- @include "util"
+local CLOCK_FIELDS, FIT_FIELDS = Capline.CLOCK_FIELDS, Capline.FIT_FIELDS
+local ERR = Codes.ERR
+local count, event = Events.count, Events.event
+local DECREASE_FIELDS, count_outcome, decrease = Pool.DECREASE_FIELDS, Pool.count_outcome, Pool.decrease
+local ewma, save_pool = Pool.ewma, Pool.save_pool
+local READING_SKEW, close_provider = Provider.READING_SKEW, Provider.close_provider
+local is_closed, load_provider = Provider.is_closed, Provider.load_provider
+local reopen_provider = Provider.reopen_provider
+local check_num, concat, fail, fmt, key = Util.check_num, Util.concat, Util.fail, Util.fmt, Util.key
+local rewrite, utc_day = Util.rewrite, Util.utc_day
+
 local LOAD = {rate_limited = true, stall = true, round_cap = true}
 -- closing signals: every pool of the provider closes (provider.lua says for how long)
 local CLOSING = {key_daily_limit = true, budget_reached = true, credit = true, key_rejected = true}
@@ -83,7 +100,7 @@ end
 -- gate: reason `paused`), bounded by retry_after_max (0: Retry-After is ignored). A later,
 -- shorter Retry-After never shortens a pause.
 local function pause(cfg, p, now, retry_after)
-  local most = cfg.T.retry_after_max or 60 -- a policy applied before the tunable existed
+  local most = cfg.T.retry_after_max
   if retry_after <= 0 or most <= 0 then return end
   local until_ = now + math.min(retry_after, most)
   if until_ <= p.pausedUntil then return end
@@ -141,3 +158,19 @@ local function apply_outcome(cfg, p, s, id, now, outcome, seconds, cost_micro, a
   save_pool(p, more or SIGNAL_FIELDS)
   return decreased
 end
+
+return {
+  LOAD = LOAD,
+  OUTCOMES = OUTCOMES,
+  SIGNALS = SIGNALS,
+  SIGNAL_FIELDS = SIGNAL_FIELDS,
+  SIGNAL_CLOCK_FIELDS = SIGNAL_CLOCK_FIELDS,
+  SIGNAL_FIT_FIELDS = SIGNAL_FIT_FIELDS,
+  provider_of = provider_of,
+  check_at = check_at,
+  check_cost = check_cost,
+  book = book,
+  pause = pause,
+  signal = signal,
+  apply_outcome = apply_outcome,
+}

@@ -7,6 +7,11 @@
 --   upward probe in progress, 0 = none), probeFails (probes refused in a row: the back-off),
 --   probeRuns (rounds admitted above probeFrom since the probe began); the cap line's load clock,
 --   fit and ceiling (capline.lua).
+--- @include "capline"
+--- @include "util"
+local ceiling_room = Capline.ceiling_room
+local fmt, key = Util.fmt, Util.key
+
 local POOL_NUM = {'est', 'cap', 'slow', 'exhausted', 'exhaustedAt', 'seq', 'holdSeq', 'lastGrow',
   'clean', 'atCap', 'probeFrom', 'probeFails', 'probeRuns', 'lastDemand', 'succ', 'fail', 'meanSec', 'meanCost', 'running', 'waiting', 'priced', 'moved', 'movedIn', 'movedOut', 'pausedUntil',
   'sized', 'ceiling'} -- the cap line's clock and fit: read as numbers only when used (capline.lua)
@@ -66,9 +71,9 @@ local function grow(T, p, now)
   -- tests a higher one
   if ceiling_room(p, 0) < slots(p) then return false end
   if p.exhausted ~= 1 then
-    -- limited slow start: a step adds at most slow_start_step rounds (a policy stored before the
-    -- tunable existed: no limit, until it is applied again)
-    p.est = math.min(T.max_estimate, p.est * T.slow_start_factor, p.est + (T.slow_start_step or math.huge))
+    -- limited slow start: a step adds at most slow_start_step rounds (no limit for a policy
+    -- stored before the tunable existed: config.lua)
+    p.est = math.min(T.max_estimate, p.est * T.slow_start_factor, p.est + T.slow_start_step)
   else
     if p.clean < 1 then return false end -- no clean round since the last step: no evidence yet
     if p.est < p.cap - 0.5 then
@@ -161,3 +166,16 @@ local function ewma(mean, n, x)
   if n <= 0 then return x end
   return mean + EWMA * (x - mean)
 end
+
+return {
+  load_pool = load_pool,
+  save_pool = save_pool,
+  slots = slots,
+  GROW_FIELDS = GROW_FIELDS,
+  probe_backoff = probe_backoff,
+  grow = grow,
+  DECREASE_FIELDS = DECREASE_FIELDS,
+  decrease = decrease,
+  count_outcome = count_outcome,
+  ewma = ewma,
+}

@@ -3,6 +3,13 @@
 --                 readLimit, readSpent (micro-USD, '' = not given), readAt, readDay (its UTC day)
 -- A closure is provider-wide state: every pool of the provider reads it, so one write closes
 -- them all, and it expires by itself at closedUntil (nothing has to run at midnight).
+--- @include "events"
+--- @include "seats"
+--- @include "util"
+local count, event = Events.count, Events.event
+local read_hash, wake = Seats.read_hash, Seats.wake
+local fmt, key, utc_day = Util.fmt, Util.key, Util.utc_day
+
 local CLOSE_UNTIL_MIDNIGHT = {key_daily_limit = true, budget_reached = true}
 local CLOSE_FOR = {credit = true, key_rejected = true}
 local READING_SKEW = 300 -- seconds a reading may be stamped ahead of the server's clock
@@ -133,3 +140,17 @@ local function gate(T, pv, bud, p, now, m)
   -- and a lane whose reserve is no longer left stops there
   return (m.left <= 0 or m.left < m.mc) and 'budget-spent' or 'budget-reserve'
 end
+
+return {
+  READING_SKEW = READING_SKEW,
+  next_midnight = next_midnight,
+  load_provider = load_provider,
+  is_closed = is_closed,
+  close_provider = close_provider,
+  reopen_provider = reopen_provider,
+  budget = budget,
+  lane_spend = lane_spend,
+  money = money,
+  budget_ok = budget_ok,
+  gate = gate,
+}

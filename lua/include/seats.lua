@@ -19,6 +19,14 @@
 --   gone:<id>        string "<state>|<seq>|<pod>|<pool>|<lane>" with state released or expired,
 --                    kept a day, so a retried release counts once and a late one is recognised
 -- Uses events.lua (a swept seat is an `expired` event): include it before this file.
+--- @include "codes"
+--- @include "events"
+--- @include "util"
+local ERR = Codes.ERR
+local event = Events.event
+local check_name, check_whole, fail, fmt = Util.check_name, Util.check_whole, Util.fail, Util.fmt
+local key = Util.key
+
 local GONE_TTL = 86400
 
 -- `s.counted`: the caller wrote the pool's running already (admit, with its other pool fields).
@@ -185,3 +193,22 @@ local function wake_if_waited(cfg, pool, waiting)
     if (tonumber(redis.call('HGET', key('pool', q), 'waiting')) or 0) > 0 then return wake(pool) end
   end
 end
+
+return {
+  add_seat = add_seat,
+  read_hash = read_hash,
+  drop_seat = drop_seat,
+  read_gone = read_gone,
+  MAX_SEQ = MAX_SEQ,
+  check_seq = check_seq,
+  seat_args = seat_args,
+  check_owner = check_owner,
+  add_ticket = add_ticket,
+  drop_ticket = drop_ticket,
+  sweep_due = sweep_due,
+  keep_sweep_before = keep_sweep_before,
+  earliest_lease = earliest_lease,
+  sweep = sweep,
+  wake = wake,
+  wake_if_waited = wake_if_waited,
+}

@@ -2,7 +2,8 @@
 -- KEYS[1] is always the mesh's config key `adm:{<mesh>}:config`; every other key is derived from it,
 -- so all keys carry the mesh's hash tag and a Redis Cluster routes the call by KEYS[1].
 -- The library binds KEYS, ARGV and PREFIX at the start of every call (see bind below).
-local KEYS, ARGV, PREFIX
+--- @include "codes"
+local ERR = Codes.ERR
 
 local function key(...)
   return PREFIX .. table.concat({...}, ':')
@@ -147,3 +148,21 @@ local function run(body)
   if type(res) == 'table' and res.err then return redis.error_reply(res.err) end
   error(res, 0)
 end
+
+return {
+  key = key,
+  fail = fail,
+  check_name = check_name,
+  check_num = check_num,
+  check_whole = check_whole,
+  check_one_of = check_one_of,
+  CALLER_CLOCK_ONLY = CALLER_CLOCK_ONLY,
+  check_now = check_now,
+  clock = clock,
+  concat = concat,
+  fmt = fmt,
+  utc_day = utc_day,
+  rewrite = rewrite,
+  bind = bind,
+  run = run,
+}
