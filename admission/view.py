@@ -96,6 +96,19 @@ def pool_state(p: Mapping[str, Any], at: float) -> str:
     return state
 
 
+def plane_text(pl: Mapping[str, Any]) -> str:
+    """A pool's plane: its depth, retry budget and health sample (the text's and the page's)."""
+    parts = [f"depth {_num(pl.get('depth'))}" + (f"/{_num(pl['depthLimit'])}" if pl.get("depthLimit") else "")]
+    if pl.get("retryBudget") is not None:
+        parts.append(f"retries left {_num(pl.get('retriesLeft'))}/{_num(pl['retryBudget'])}")
+    if pl.get("healthAgeSeconds") is not None:
+        state = "fresh" if pl.get("healthFresh") else ("NOT OK" if not pl.get("healthOk") else "STALE")
+        parts.append(f"health {pl['healthAgeSeconds']:.0f}s old ({state}, max {_num(pl.get('healthMaxAge'))}s)")
+    elif pl.get("healthRequired"):
+        parts.append("health NO SAMPLE (borrows shed)")
+    return ", ".join(parts)
+
+
 def render_census(doc: dict[str, Any]) -> str:
     """``admission census``: the census as text (see census_lines)."""
     return "\n".join(census_lines(doc))
@@ -131,16 +144,7 @@ def census_lines(doc: Mapping[str, Any], done: Mapping[str, int] | None = None) 
             lines.append(f"    moves: running here after a move {p.get('moved', 0)}, moved in {p.get('movedIn', 0)}, "
                          f"moved out {p.get('movedOut', 0)}; alternatives: {alts}")
         if p.get("plane"):
-            pl = p["plane"]
-            parts = [f"depth {pl['depth']}" + (f"/{pl['depthLimit']}" if pl.get("depthLimit") else "")]
-            if pl.get("retryBudget") is not None:
-                parts.append(f"retries left {_num(pl['retriesLeft'])}/{pl['retryBudget']}")
-            if pl.get("healthAgeSeconds") is not None:
-                state = "fresh" if pl["healthFresh"] else ("NOT OK" if not pl["healthOk"] else "STALE")
-                parts.append(f"health {pl['healthAgeSeconds']:.0f}s old ({state}, max {_num(pl['healthMaxAge'])}s)")
-            elif pl.get("healthRequired"):
-                parts.append("health NO SAMPLE (borrows shed)")
-            lines.append("    plane: " + ", ".join(parts))
+            lines.append("    plane: " + plane_text(p["plane"]))
         if p.get("hardPinned"):
             hp = p["hardPinned"]
             lines.append(f"    hard-pinned to {hp['to']}: {hp['waiting']} waiting, oldest "

@@ -13,7 +13,7 @@ from string import Template
 from typing import Any
 from urllib.parse import quote
 
-from ..view import estimate_state
+from ..view import estimate_state, plane_text
 from .source import number as _num
 
 POLL_MS = 2000
@@ -71,18 +71,7 @@ def _budget(p: dict[str, Any]) -> str:
 
 
 def _plane(p: dict[str, Any]) -> str:
-    pl = p.get("plane")
-    if not pl:
-        return "–"
-    parts = [f"depth {_fmt(pl.get('depth'))}" + (f"/{_fmt(pl['depthLimit'])}" if pl.get("depthLimit") else "")]
-    if pl.get("retryBudget") is not None:
-        parts.append(f"retries {_fmt(pl.get('retriesLeft'))}/{_fmt(pl['retryBudget'])}")
-    if pl.get("healthAgeSeconds") is not None:
-        state = "fresh" if pl.get("healthFresh") else ("not ok" if not pl.get("healthOk") else "stale")
-        parts.append(f"health {_num(pl['healthAgeSeconds']):.0f}s ({state})")
-    elif pl.get("healthRequired"):
-        parts.append("health: no sample")
-    return ", ".join(parts)
+    return plane_text(p["plane"]) if p.get("plane") else "–"
 
 
 def _starving_text(s: dict[str, Any]) -> str:
