@@ -89,6 +89,15 @@ def _attrs(**kv: Any) -> str:
     return "".join(f' {k.replace("_", "-")}="{_e(v)}"' for k, v in kv.items() if v is not None)
 
 
+def _row(cells: list[Any], after: str = "", **attrs: Any) -> str:
+    """A table row of escaped cells (``after``: markup of the row's own, after them)."""
+    return f"<tr{_attrs(**attrs)}>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + after + "</tr>"
+
+
+def _item(text: str, **attrs: Any) -> str:
+    return f"<li{_attrs(**attrs)}>{_e(text)}</li>"
+
+
 def _rows_pools(doc: dict[str, Any]) -> str:
     rows = []
     for p in doc.get("pools", []):
@@ -97,10 +106,9 @@ def _rows_pools(doc: dict[str, Any]) -> str:
                  _fmt(p.get("running")), _fmt(p.get("waiting")), _fmt(p.get("free")), _pool_state(p),
                  _closed(p), _budget(p), _plane(p)]
         klass = "closed" if p.get("closedUntil") else ("exhausted" if p.get("exhausted") else "")
-        rows.append(f"<tr{_attrs(data_pool=p.get('pool'), **{'class': klass or None})}>"
-                    + "".join(f"<td>{_e(c)}</td>" for c in cells)
-                    + f'<td><svg class="spark"{_attrs(data_pool=p.get("pool"))} width="180" height="36" '
-                      f'viewBox="0 0 180 36" role="img" aria-label="K-hat and K over time"></svg></td></tr>')
+        spark = (f'<td><svg class="spark"{_attrs(data_pool=p.get("pool"))} width="180" height="36" '
+                 f'viewBox="0 0 180 36" role="img" aria-label="K-hat and K over time"></svg></td>')
+        rows.append(_row(cells, spark, data_pool=p.get("pool"), **{"class": klass or None}))
     return "".join(rows) or '<tr class="none"><td colspan="13">no pools</td></tr>'
 
 
@@ -112,8 +120,7 @@ def _rows_lanes(doc: dict[str, Any]) -> str:
                      _fmt(l.get("guaranteed")), _fmt(l.get("borrowed")), _fmt(l.get("bound")),
                      _fmt(l.get("delegated")), _usd(l.get("spentTodayUsd")), _usd(l.get("reserveLeftUsd")),
                      _ago(doc.get("at"), l.get("oldestWaitingSince"))]
-            rows.append(f"<tr{_attrs(data_pool=p.get('pool'), data_lane=l.get('lane'))}>"
-                        + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+            rows.append(_row(cells, data_pool=p.get("pool"), data_lane=l.get("lane")))
     return "".join(rows) or '<tr class="none"><td colspan="11">no lane has work</td></tr>'
 
 
@@ -126,28 +133,23 @@ def _providers(doc: dict[str, Any]) -> list[tuple[str, list[str], dict[str, Any]
 
 
 def _rows_providers(doc: dict[str, Any]) -> str:
-    rows = []
-    for name, pools, p in _providers(doc):
-        cells = [name, ", ".join(pools), _closed(p), _budget(p),
-                 _utc(p.get("budgetAt"), "%H:%M") if p.get("budgetAt") else "–"]
-        rows.append(f"<tr{_attrs(data_provider=name, **{'class': 'closed' if p.get('closedUntil') else None})}>"
-                    + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+    rows = [_row([name, ", ".join(pools), _closed(p), _budget(p),
+                  _utc(p.get("budgetAt"), "%H:%M") if p.get("budgetAt") else "–"],
+                 data_provider=name, **{"class": "closed" if p.get("closedUntil") else None})
+            for name, pools, p in _providers(doc)]
     return "".join(rows) or '<tr class="none"><td colspan="5">no providers</td></tr>'
 
 
 def _items_starving(doc: dict[str, Any]) -> str:
-    items = [f"<li{_attrs(data_kind=s.get('kind'), data_pool=s.get('pool'), data_lane=s.get('lane'), data_provider=s.get('provider'))}>"
-             f"{_e(_starving_text(s))}</li>" for s in doc.get("starving", [])]
+    items = [_item(_starving_text(s), data_kind=s.get("kind"), data_pool=s.get("pool"), data_lane=s.get("lane"),
+                   data_provider=s.get("provider")) for s in doc.get("starving", [])]
     return "".join(items) or '<li class="none">nobody is starving</li>'
 
 
 def _items_must_yield(doc: dict[str, Any]) -> str:
-    items = []
-    for p in doc.get("pools", []):
-        for y in p.get("mustYield", []):
-            items.append(f"<li{_attrs(data_pool=p.get('pool'), data_lane=y.get('lane'))}>"
-                         f"{_e(y.get('lane'))} on {_e(p.get('pool'))}: {_e(_fmt(y.get('borrowed')))} borrowed, "
-                         f"yields at its next round (pool owes {_e(_fmt(p.get('owed')))})</li>")
+    items = [_item(f"{y.get('lane')} on {p.get('pool')}: {_fmt(y.get('borrowed'))} borrowed, yields at its next "
+                   f"round (pool owes {_fmt(p.get('owed'))})", data_pool=p.get("pool"), data_lane=y.get("lane"))
+             for p in doc.get("pools", []) for y in p.get("mustYield", [])]
     return "".join(items) or '<li class="none">no lane must yield</li>'
 
 
