@@ -548,7 +548,7 @@ def version() -> str:
 
 
 def serve_parser(sub) -> argparse.ArgumentParser:
-    """`admission serve` (admission/serve.py: imports prometheus_client only when it runs)."""
+    """`admission serve` (admission/serve/: imports prometheus_client only when it runs)."""
     from . import serve
 
     return serve.add_parser(sub)

@@ -1,5 +1,6 @@
 """Plain-text rendering for the CLI: the census (and its legend), the ledger, the events stream
-and the refusal counts: what an operator reads at a glance. Plain text only: no colours or
+and the refusal counts: what an operator reads at a glance. The census text is the demo's screen
+too (admission/tools/demo.py), and its state words the served page's. Plain text only: no colours or
 terminal codes (the CLI redraws a terminal itself)."""
 from __future__ import annotations
 
@@ -70,25 +71,57 @@ def _num(x: Any) -> str:
     return str(x)
 
 
+def estimate_state(p: Mapping[str, Any]) -> str:
+    """Whether the pool's K is measured: ``exhausted (<the signal>)`` once a load signal measured
+    it, else ``slow start``. Every rendering of the census (this text, the demo's status line, the
+    served page) words it so."""
+    return f"exhausted ({p.get('why') or '?'})" if p.get("exhausted") else "slow start"
+
+
+def pool_state(p: Mapping[str, Any], at: float) -> str:
+    """The pool line's state: paused, closed, measured or not, probing, the cap line."""
+    state = estimate_state(p)
+    if p.get("probingFrom"):  # an upward probe: K from probingFrom, tested by probeRuns of that many rounds
+        state += (f", probing K above {_num(p['probingFrom'])} ({_num(p.get('probeRuns', 0))} of "
+                  f"{_num(p['probingFrom'])} rounds ran above it)")
+    if (p.get("probeBackoff") or 1) > 1:
+        state += f", probes back off x{_num(p['probeBackoff'])}"
+    if p.get("closedUntil"):
+        state = (f"CLOSED ({p['closedWhy']}) until "
+                 f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(p['closedUntil']))}Z, {state}")
+    if p.get("capLine"):  # the cap line: the declared rounds running end before their caps
+        state += f", cap line at {p['capLine']:.1f} rounds"
+    if p.get("pausedUntil"):  # the provider's Retry-After
+        state = f"PAUSED {p['pausedUntil'] - at:.0f}s (provider's Retry-After), {state}"
+    return state
+
+
+def plane_text(pl: Mapping[str, Any]) -> str:
+    """A pool's plane: its depth, retry budget and health sample (the text's and the page's)."""
+    parts = [f"depth {_num(pl.get('depth'))}" + (f"/{_num(pl['depthLimit'])}" if pl.get("depthLimit") else "")]
+    if pl.get("retryBudget") is not None:
+        parts.append(f"retries left {_num(pl.get('retriesLeft'))}/{_num(pl['retryBudget'])}")
+    if pl.get("healthAgeSeconds") is not None:
+        state = "fresh" if pl.get("healthFresh") else ("NOT OK" if not pl.get("healthOk") else "STALE")
+        parts.append(f"health {pl['healthAgeSeconds']:.0f}s old ({state}, max {_num(pl.get('healthMaxAge'))}s)")
+    elif pl.get("healthRequired"):
+        parts.append("health NO SAMPLE (borrows shed)")
+    return ", ".join(parts)
+
+
 def render_census(doc: dict[str, Any]) -> str:
-    """One block per pool (estimate, K, counts, why), one line per lane with work, then starving."""
+    """``admission census``: the census as text (see census_lines)."""
+    return "\n".join(census_lines(doc))
+
+
+def census_lines(doc: Mapping[str, Any], done: Mapping[str, int] | None = None) -> list[str]:
+    """One block per pool (estimate, K, counts, why), one line per lane with work, then starving.
+    ``done`` (the demo's: rounds its pods finished, by lane) adds a column to the lane lines."""
     lines = [f"mesh {doc.get('mesh')}  policy v{doc.get('configVersion')}  at "
              f"{time.strftime('%H:%M:%S', time.gmtime(doc.get('at', 0)))}Z"]
     for p in doc["pools"]:
-        state = f"exhausted ({p['why']})" if p["exhausted"] else "slow start"
-        if p.get("probingFrom"):  # an upward probe: K from probingFrom, tested by probeRuns of that many rounds
-            state += (f", probing K above {_num(p['probingFrom'])} ({_num(p.get('probeRuns', 0))} of "
-                      f"{_num(p['probingFrom'])} rounds ran above it)")
-        if (p.get("probeBackoff") or 1) > 1:
-            state += f", probes back off x{_num(p['probeBackoff'])}"
-        if p.get("closedUntil"):
-            state = (f"CLOSED ({p['closedWhy']}) until "
-                     f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(p['closedUntil']))}Z, {state}")
-        if p.get("capLine"):  # the cap line: the declared rounds running end before their caps
-            state += f", cap line at {p['capLine']:.1f} rounds"
-        if p.get("pausedUntil"):  # the provider's Retry-After
-            state = f"PAUSED {p['pausedUntil'] - doc.get('at', 0):.0f}s (provider's Retry-After), {state}"
-        lines.append(f"{p['pool']:<28} K̂ {_num(p['capacity']):>5}  K {_num(p['carryingCapacity']):>4}  "
+        state = pool_state(p, doc.get("at", 0))
+        lines.append(f"pool {p['pool']:<23} K̂ {_num(p['capacity']):>5}  K {_num(p['carryingCapacity']):>4}  "
                      f"slots {p['slots']:>3}  running {p['running']:>3}  waiting {p['waiting']:>3}  "
                      f"free {p['free']:>3}  {state}  ok/fail {_num(p['successes'])}/{_num(p['failures'])}  "
                      f"mean {_num(p['meanSeconds'])}s ${p['meanCostUsd']:.4f}")
@@ -104,22 +137,14 @@ def render_census(doc: dict[str, Any]) -> str:
                        else "")
             lines.append(f"    {l['lane']:<12} running {l['running']:>3}  waiting {l['waiting']:>3}  "
                          f"guaranteed {l['guaranteed']:>3}  borrowed {l['borrowed']:>3}  bound {l['bound']:>3}  "
-                         f"delegated {l['delegated']:>2}  spent today ${l['spentTodayUsd']:.2f}{reserve}{wait}")
+                         f"delegated {l['delegated']:>2}  spent today ${l['spentTodayUsd']:.2f}{reserve}{wait}"
+                         + (f"  done {done.get(l['lane'], 0)}" if done is not None else ""))
         if p.get("alternatives") or p.get("movedIn") or p.get("movedOut"):
             alts = ", ".join(p.get("alternatives") or []) or "none"
             lines.append(f"    moves: running here after a move {p.get('moved', 0)}, moved in {p.get('movedIn', 0)}, "
                          f"moved out {p.get('movedOut', 0)}; alternatives: {alts}")
         if p.get("plane"):
-            pl = p["plane"]
-            parts = [f"depth {pl['depth']}" + (f"/{pl['depthLimit']}" if pl.get("depthLimit") else "")]
-            if pl.get("retryBudget") is not None:
-                parts.append(f"retries left {_num(pl['retriesLeft'])}/{pl['retryBudget']}")
-            if pl.get("healthAgeSeconds") is not None:
-                state = "fresh" if pl["healthFresh"] else ("NOT OK" if not pl["healthOk"] else "STALE")
-                parts.append(f"health {pl['healthAgeSeconds']:.0f}s old ({state}, max {_num(pl['healthMaxAge'])}s)")
-            elif pl.get("healthRequired"):
-                parts.append("health NO SAMPLE (borrows shed)")
-            lines.append("    plane: " + ", ".join(parts))
+            lines.append("    plane: " + plane_text(p["plane"]))
         if p.get("hardPinned"):
             hp = p["hardPinned"]
             lines.append(f"    hard-pinned to {hp['to']}: {hp['waiting']} waiting, oldest "
@@ -138,7 +163,7 @@ def render_census(doc: dict[str, Any]) -> str:
             continue
         lines.append(f"STARVING {s['kind']}: lane {s.get('lane')} on {s.get('pool')} waiting since "
                      f"{time.strftime('%H:%M:%S', time.gmtime(s['waitingSince']))}Z")
-    return "\n".join(lines)
+    return lines
 
 
 def render_ledger(day: str, ledger: dict[str, dict[str, float]]) -> str:

@@ -428,7 +428,7 @@ MUTATIONS = [
      "move_to=move_to)", "test_rules_capline.py", "sync_and_async"),
     ("a waiting round declares its size (asyncio)", "admission/aio.py", "move_to=move_to, tokens=tokens)",
      "move_to=move_to)", "test_rules_capline.py", "sync_and_async"),
-    ("operators read the cap line in the metrics", "admission/serve.py", '("cap_line", p.get("capLine") or 0)',
+    ("operators read the cap line in the metrics", "admission/serve/metrics.py", '("cap_line", p.get("capLine") or 0)',
      '("cap_line", 0)', "test_rules_capline.py", "metrics"),
     ("cap line: no declared round running, no line", "include/capline.lua",
      "if p.ceiling <= 0 or p.sized <= 0 then", "if p.ceiling <= 0 then", "test_rules_capline.py",

@@ -1,5 +1,5 @@
 """`admission serve`: /healthz, /readyz, /census.json, /metrics (parsed with prometheus_client's
-parser) and the live page, rendered by the server and re-rendered by its script in a real
+parser) and the live page, rendered by the server and refreshed by its script in a real
 headless Chromium (the distribution's /usr/bin/chromium)."""
 from __future__ import annotations
 
@@ -324,7 +324,7 @@ def test_cli_one_line_errors(monkeypatch, capsys):
         raise serve.MissingExtra("prometheus_client is not installed (No module named 'prometheus_client'); "
                                  "pip install 'admission[serve]'")
 
-    monkeypatch.setattr(serve, "_prometheus", missing)
+    monkeypatch.setattr(serve.metrics, "prometheus", missing)
     assert serve.run_cli(parse("serve", "--port", "0")) == 2
     err = capsys.readouterr().err
     assert "pip install 'admission[serve]'" in err and err.count("\n") == 1
@@ -342,7 +342,7 @@ def test_missing_extra_is_one_line(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_prometheus)
     with pytest.raises(serve.MissingExtra, match=r"pip install 'admission\[serve\]'"):
-        serve._prometheus()
+        serve.prometheus()
 
 
 # -- the page -----------------------------------------------------------------------------------

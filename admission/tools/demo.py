@@ -19,8 +19,8 @@ refused with a 429 with probability min(0.9, (n - K)/10). Time runs ``--scale`` 
 seconds per real second and a round asks for 1,500-4,500 tokens, so a round takes 0.4-1.2 s alone
 and about 1.3-4 s with K in flight, and a 429 arrives within 15/60 s.
 
-The parent redraws the screen every second: the admission's census (K̂, K, slots, running and
-waiting per lane, rounds done per lane) beside the provider's own view (in flight now against its
+The parent redraws the screen every second: the admission's census (the text of ``admission
+census``, with the rounds done per lane) above the provider's own view (in flight now against its
 hidden capacity, the peak, 429s so far and in the last minute, completions). You see the estimate
 K̂ grow in slow start (2 → 4 → 8 → 16), meet the hidden limit (429s), drop to ~0.7·n and settle near
 the capacity. After ``--seconds`` (150) it prints a summary of both views -- with, after the first
@@ -60,7 +60,6 @@ import socket
 import sys
 import threading
 import time
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
@@ -70,6 +69,7 @@ import structlog
 from .._log import show
 from ..client import Admission, fail_fast_options
 from ..errors import AdmissionError, NoPolicy, StaleVersion, Unavailable, WaitTimeout
+from ..view import census_lines, estimate_state
 from .servers import LocalServer, find_server, free_port
 
 log = structlog.get_logger("admission.tools.demo")
@@ -570,46 +570,6 @@ def _text(x: Any) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
 
 
-LANE_HEAD = f"  {'lane':<11} {'running':>7} {'waiting':>7} {'guaranteed':>10} {'borrowed':>8} {'done':>6}"
-
-
-def _width(s: str) -> int:
-    """Columns on a terminal: a combining mark (the hat of K̂) takes none."""
-    return sum(0 if unicodedata.combining(ch) else 1 for ch in s)
-
-
-def side_by_side(left: Sequence[str], right: Sequence[str], gap: int = 4) -> list[str]:
-    """Two blocks of lines as columns (the census on the left, the provider on the right)."""
-    width = max((_width(line) for line in left), default=0) + gap
-    rows = []
-    for i in range(max(len(left), len(right))):
-        a = left[i] if i < len(left) else ""
-        b = right[i] if i < len(right) else ""
-        rows.append((a + " " * (width - _width(a)) + b) if b else a)
-    return rows
-
-
-def census_lines(census: Mapping[str, Any], done: Mapping[str, int] | None = None) -> list[str]:
-    """The admission's view: per pool K̂, K, slots, running, waiting; per lane its counts and
-    (in the demo) the rounds its pods finished."""
-    out = ["the admission's view (its census)"]
-    done = done or {}
-    for p in census.get("pools", []):
-        state = f"exhausted ({p.get('why')})" if p.get("exhausted") else "slow start"
-        k = _short(p.get("carryingCapacity") or "-")
-        out.append(f"pool {p['pool']}  K̂ {_short(float(p['capacity']), 2)}  K {k}  slots {p['slots']}  {state}")
-        out.append(f"  running {p['running']}  waiting {p['waiting']}")
-        out.append(LANE_HEAD)
-        for l in p.get("lanes", []):
-            out.append(f"  {l['lane']:<11} {l['running']:>7} {l['waiting']:>7} {l['guaranteed']:>10} "
-                       f"{l['borrowed']:>8} {done.get(l['lane'], 0):>6}")
-        if p.get("mustYield"):
-            out.append("  must yield: " + ", ".join(f"{b['lane']} ({b['borrowed']})" for b in p["mustYield"]))
-    if census.get("starving"):
-        out.append("starving: " + ", ".join(f"{s.get('lane')}@{s.get('pool')}" for s in census["starving"]))
-    return out
-
-
 def provider_lines(provider: Mapping[str, Any] | None, pods: Mapping[str, Any] | None = None) -> list[str]:
     """The provider's own view: what it serves now against the capacity only it knows."""
     if provider is None:
@@ -632,14 +592,13 @@ def provider_lines(provider: Mapping[str, Any] | None, pods: Mapping[str, Any] |
 def render_census(census: Mapping[str, Any], tail: EventTail | None = None,
                   provider: Mapping[str, Any] | None = None, title: str = "",
                   pods: Mapping[str, Any] | None = None) -> str:
-    """The demo's screen: the census beside the provider's view (when there is a provider or
-    demo pods), then what changed in the last second and the notable transitions."""
+    """The demo's screen: the census (the text of ``admission census``, with the rounds the demo's
+    pods finished per lane), under it the provider's view (when there is a provider or demo pods),
+    then what changed in the last second and the notable transitions."""
     out = [title] if title else []
-    left = census_lines(census, (pods or {}).get("done"))
+    out += ["the admission's view (its census)", *census_lines(census, (pods or {}).get("done"))]
     if provider is not None or pods is not None:
-        out += side_by_side(left, provider_lines(provider, pods))
-    else:
-        out += left
+        out += provider_lines(provider, pods)
     if tail is not None:
         last = tail.last
         refused = {k.split(":", 1)[1]: v for k, v in last.items() if k.startswith("refused:")}
@@ -678,7 +637,7 @@ def _status_line(t: float, census: Mapping[str, Any], provider: Mapping[str, Any
     for p in census.get("pools", []):
         parts.append(f"{p['pool']} K̂ {float(p['capacity']):5.2f} K {_short(p.get('carryingCapacity') or '-'):>3} "
                      f"slots {p['slots']:>2} running {p['running']:>2} waiting {p['waiting']:>2}"
-                     + (f" exhausted({p.get('why')})" if p.get("exhausted") else " slow-start"))
+                     + f" {estimate_state(p)}")
     if provider:
         parts.append(f"| provider: in flight {provider['in_flight']:>2}/{provider['capacity']} "
                      f"peak {provider['peak']:>2} 429s {provider['429']} done {provider['completions']}")
@@ -967,7 +926,7 @@ def render_summary(s: Mapping[str, Any]) -> str:
         "  the admission's view: K̂ path (✗ = a load signal): seed 2 → " + " → ".join(path) if path
         else "  the admission's view: K̂ never moved",
         f"    at the end: K̂ {s['estimate']:.2f}  K {s['carrying_capacity']}  slots {s['slots']}"
-        + (f"  (exhausted: {s['why']})" if s["exhausted"] else "  (slow start)"),
+        + f"  {estimate_state(s)}",
     ]
     settled, rate = s.get("settling"), s.get("refusals_per_minute")
     if settled is not None:
