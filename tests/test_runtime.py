@@ -19,5 +19,5 @@ def test_import_admission_pulls_in_the_client_and_nothing_else():
     ours = sorted(m for m in loaded if m.startswith("admission"))
     assert ours == sorted({"admission", "admission._log", "admission._paths", "admission.aio", "admission.alternatives",
                            "admission.base", "admission.classify", "admission.client", "admission.codes",
-                           "admission.core", "admission.errors", "admission.health", "admission.outbox",
+                           "admission.core", "admission.errors", "admission.health", "admission.lualib", "admission.outbox",
                            "admission.policy", "admission.scripts", "admission.urgency", "admission.waiting"}), ours
