@@ -307,7 +307,8 @@ class Admission(ClientBase):
                       agent: str | None = None, parent: str | None = None, revision: str | None = None,
                       move_to: Callable[[str], bool] | None = None, tokens: float | None = None) -> Decision:
         """Ask, and when refused wait as a waiter until admitted or ``timeout`` (WaitTimeout).
-        The waiter re-asks across the pool's alternatives, woken by a release on any of them.
+        With ``move_to`` the waiter re-asks across the alternatives it keeps, woken by a release
+        on any of them; without it the round stays on ``model``.
         Every way out that is not an admission (timeout, an error, an interrupt) removes the
         waiter from the pod's book and withdraws its ticket."""
         deadline = time.monotonic() + timeout
