@@ -111,7 +111,8 @@ class AsyncAdmission(ClientBase):
                         alternatives: list[str] | None = None, borrow: str | None = None,
                         move_to: Callable[[str], bool] | None = None, tokens: float | None = None) -> Decision:
         """As the sync client's: refused on ``model``, the round moves to the first alternative
-        that admits it, in one call (``alternatives``: the ranking; default a Thompson draw)."""
+        that admits it, in one call, only where the caller can call (``move_to``: the pools it can run
+        on, in a Thompson draw; ``alternatives``: its own ranking; neither: it stays on ``model``)."""
         await self._know_policy()
         lane = self._lane(lane, agent)
         if alternatives is None and not borrow:
@@ -459,13 +460,19 @@ class AsyncAdmission(ClientBase):
         return await self._exec_or_raise(self.core.census(now))
 
     async def plan(self, *, lane: str | None = None, model: str, wanted: int, now: float | None = None,
-                   agent: str | None = None) -> int:
-        return sum((await self.plan_pools(lane=lane, pools=[model], wanted=wanted, now=now, agent=agent)).values())
+                   agent: str | None = None, move_to: Callable[[str], bool] | None = None) -> int:
+        return sum((await self.plan_pools(lane=lane, pools=[model], wanted=wanted, now=now, agent=agent,
+                                          move_to=move_to)).values())
 
     async def plan_pools(self, *, lane: str | None = None, pools: list[str] | None, wanted: int,
-                         now: float | None = None, agent: str | None = None) -> dict[str, int]:
-        return await self._exec_or_raise(self.core.plan(lane=lane, pools=pools, wanted=wanted, now=now, agent=agent))
+                         now: float | None = None, agent: str | None = None,
+                         move_to: Callable[[str], bool] | None = None) -> dict[str, int]:
+        if move_to is not None:
+            await self._know_policy()
+        return await self._exec_or_raise(self.core.plan(lane=lane, pools=pools, wanted=wanted, now=now, agent=agent,
+                                                        moves=self._movable(move_to)))
 
     async def allowance(self, *, lane: str | None = None, now: float | None = None, wanted: int = 10_000,
-                        agent: str | None = None) -> int:
-        return sum((await self.plan_pools(lane=lane, pools=None, wanted=wanted, now=now, agent=agent)).values())
+                        agent: str | None = None, move_to: Callable[[str], bool] | None = None) -> int:
+        return sum((await self.plan_pools(lane=lane, pools=None, wanted=wanted, now=now, agent=agent,
+                                          move_to=move_to)).values())

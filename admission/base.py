@@ -212,13 +212,22 @@ class ClientBase:
                  move_to: Callable[[str], bool] | None = None) -> list[str]:
         """The pool's alternatives ranked by a Thompson draw over their last known outcome counts
         and mean cost; none for a hard pin (the script checks both again). ``move_to``: only the
-        alternatives the caller can run on (an SDK client calls its own provider's pools)."""
-        alts = self._moves["alternatives"].get(pool, [])
-        if move_to is not None:
-            alts = [a for a in alts if move_to(a)]
+        alternatives the caller can run on (an SDK client calls its own provider's pools); none
+        without it: a caller that did not say where it can call stays on the pool it asked for
+        (it would run its round on its own provider while the seat counts on another pool)."""
+        if move_to is None:
+            return []
+        alts = [a for a in self._moves["alternatives"].get(pool, []) if move_to(a)]
         if not alts or self._pinned(lane, agent):
             return []
         return self.core.rank(alts, self._stats, self._tunables["cost_scale"])
+
+    def _movable(self, move_to: Callable[[str], bool] | None) -> list[str]:
+        """The alternatives a plan counts: those the caller can call (``move_to``), none without
+        it, as an admission moves (the script keeps to each pool's own list and the pins)."""
+        if move_to is None:
+            return []
+        return sorted({alt for alts in self._moves["alternatives"].values() for alt in alts if move_to(alt)})
 
     def _note_stats(self, stats: dict[str, tuple[float, float, float]]) -> None:
         self._stats.update(stats)

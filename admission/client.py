@@ -165,8 +165,9 @@ class Admission(ClientBase):
         A refused try (``wait=False``) changes nothing: a waiter elsewhere keeps its place.
         ``lane`` may be left out when the policy names the agent's lane ([agents]).
         Refused on ``model``, the round moves to the first of the pool's alternatives that admits
-        it, in one call: ``alternatives`` ranks them (default: a Thompson draw; [] = stay), and
-        ``move_to`` keeps only the pools the caller can run on (e.g. its SDK client's provider).
+        it, in one call, only when the caller says where it can call: ``move_to`` keeps the pools
+        it can run on (e.g. its SDK client's provider), ranked by a Thompson draw, or
+        ``alternatives`` ranks them itself. Neither: the round stays on ``model``.
         ``tokens``: the round's size as the worker knows it (prompt and answer budget); the cap
         line keeps it waiting while, at the pool's measured seconds per token, it would not end
         before ``round_cap`` (design §4)."""
@@ -306,7 +307,8 @@ class Admission(ClientBase):
                       agent: str | None = None, parent: str | None = None, revision: str | None = None,
                       move_to: Callable[[str], bool] | None = None, tokens: float | None = None) -> Decision:
         """Ask, and when refused wait as a waiter until admitted or ``timeout`` (WaitTimeout).
-        The waiter re-asks across the pool's alternatives, woken by a release on any of them.
+        With ``move_to`` the waiter re-asks across the alternatives it keeps, woken by a release
+        on any of them; without it the round stays on ``model``.
         Every way out that is not an admission (timeout, an error, an interrupt) removes the
         waiter from the pod's book and withdraws its ticket."""
         deadline = time.monotonic() + timeout
@@ -548,18 +550,25 @@ class Admission(ClientBase):
         return self._exec_or_raise(self.core.census(now))
 
     def plan(self, *, lane: str | None = None, model: str, wanted: int, now: float | None = None,
-             agent: str | None = None) -> int:
+             agent: str | None = None, move_to: Callable[[str], bool] | None = None) -> int:
         """How many of ``wanted`` new rounds of ``lane`` would start now on ``model`` or, moving,
-        on its alternatives (not for a hard pin); nothing seated."""
-        return sum(self.plan_pools(lane=lane, pools=[model], wanted=wanted, now=now, agent=agent).values())
+        on its alternatives that ``move_to`` keeps (none without it; not for a hard pin); nothing
+        seated."""
+        return sum(self.plan_pools(lane=lane, pools=[model], wanted=wanted, now=now, agent=agent,
+                                   move_to=move_to).values())
 
     def plan_pools(self, *, lane: str | None = None, pools: list[str] | None, wanted: int,
-                   now: float | None = None, agent: str | None = None) -> dict[str, int]:
-        """Plan per pool: the pools asked for (None: the lane's), then the alternatives that would
-        take some of the rest."""
-        return self._exec_or_raise(self.core.plan(lane=lane, pools=pools, wanted=wanted, now=now, agent=agent))
+                   now: float | None = None, agent: str | None = None,
+                   move_to: Callable[[str], bool] | None = None) -> dict[str, int]:
+        """Plan per pool: the pools asked for (None: the lane's), then the alternatives ``move_to``
+        keeps that would take some of the rest (as ``try_admit`` moves)."""
+        if move_to is not None:
+            self._know_policy()
+        return self._exec_or_raise(self.core.plan(lane=lane, pools=pools, wanted=wanted, now=now, agent=agent,
+                                                  moves=self._movable(move_to)))
 
     def allowance(self, *, lane: str | None = None, now: float | None = None, wanted: int = 10_000,
-                  agent: str | None = None) -> int:
+                  agent: str | None = None, move_to: Callable[[str], bool] | None = None) -> int:
         """What a lane that starts work paces itself by: plan over the lane's pools."""
-        return sum(self.plan_pools(lane=lane, pools=None, wanted=wanted, now=now, agent=agent).values())
+        return sum(self.plan_pools(lane=lane, pools=None, wanted=wanted, now=now, agent=agent,
+                                   move_to=move_to).values())

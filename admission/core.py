@@ -464,10 +464,12 @@ class Core:
         return self._call("census", [_now(now)], decode_census)
 
     def plan(self, *, lane: str | None, pools: list[str] | None, wanted: int, now: float | None = None,
-             agent: str | None = None) -> Call:
+             agent: str | None = None, moves: Iterable[str] = ()) -> Call:
+        """``moves``: the pools the caller can move to (none: plan counts only the pools asked for)."""
         if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0:
             raise BadArgument(f"wanted must be a whole number >= 0, got {wanted!r}")
-        args = [lane or "", str(wanted), _now(now), agent or "", *(pools if pools is not None else ["*"])]
+        args = [lane or "", str(wanted), _now(now), agent or "", " ".join(moves),
+                *(pools if pools is not None else ["*"])]
 
         def decode(r):
             return {_s(r[i]): int(r[i + 1]) for i in range(1, len(r), 2)}

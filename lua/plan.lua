@@ -4,14 +4,16 @@
   pool, whatever `wanted` and the estimate (decide.lua in_a_row). Pins, alternatives and
   closures are honoured as admit honours them: what a pool asked for would not start moves on
   to its alternatives in the policy's order (never for a hard-pinned lane or agent), each pool
-  counted once.
+  counted once, and only to those the caller can call (ARGV[5]; none named: no move, as a round
+  whose caller did not say where it can call stays on the pool it asked for).
 
   KEYS[1]  adm:{<mesh>}:config
   ARGV[1]  lane ('' = the agent's lane)
   ARGV[2]  wanted (>= 0, whole)
   ARGV[3]  now ('' = Redis TIME)
   ARGV[4]  agent (may be empty: its pin and its lane count)
-  ARGV[5..] pools ('*' alone = the lane's pools: its `pools` list in the policy, else the catalog)
+  ARGV[5]  the pools the caller can move to, separated by spaces ('' = none)
+  ARGV[6..] pools ('*' alone = the lane's pools: its `pools` list in the policy, else the catalog)
 
   Reply: {status, pool, n, pool, n, ...}: the pools asked for, then the alternatives that
     would take some of the rest (the total is the sum)
@@ -58,10 +60,12 @@ return function()
   if wanted ~= math.floor(wanted) or wanted > 100000 then fail(ERR.BAD_ARG, 'wanted must be a whole number <= 100000') end
   local now = clock(ARGV[3])
   local pools = {}
-  if ARGV[5] == '*' then
+  local callable = {}
+  for name in string.gmatch(ARGV[5] or '', '%S+') do callable[name] = true end
+  if ARGV[6] == '*' then
     pools = cfg.lane[lane].pools or catalog()
   else
-    for i = 5, #ARGV do pools[#pools + 1] = ARGV[i] end
+    for i = 6, #ARGV do pools[#pools + 1] = ARGV[i] end
   end
   for _, pool in ipairs(pools) do check_pool(pool) end
   local out, counted, n = {STATUS.OK}, {}, {}
@@ -73,13 +77,14 @@ return function()
       out[#out + 1] = n[pool]
     end
   end
-  -- what a pool would not start moves on to its alternatives (each pool counted once)
+  -- what a pool would not start moves on to its alternatives the caller can call (each pool
+  -- counted once)
   if not pinned(cfg, lane, agent) then
     for _, pool in ipairs(pools) do
       local rest = wanted - n[pool]
       for _, alt in ipairs(cfg.moves.alts[pool] or {}) do
         if rest <= 0 then break end
-        if not counted[alt] then
+        if callable[alt] and not counted[alt] then
           counted[alt] = true
           local k = plan_here(cfg, alt, lane, rest, now)
           rest = rest - k

@@ -152,7 +152,7 @@ def _templates(seats: dict[str, Any]) -> dict[str, list[list[bytes]]]:
         "heartbeat": [["pod-a", NOW, "3", *hb(s1), *hb(s2), *hb(child), "waiter"], ["pod-a", NOW, "0"]],
         "tick": [[NOW, "100"], [repr(T0 + 60), ""]],
         "census": [[NOW]],
-        "plan": [["a", "3", NOW, "", "*"], ["", "2", NOW, "rev", "m@p", "n@p"]],
+        "plan": [["a", "3", NOW, "", "n@p o@q", "*"], ["", "2", NOW, "rev", "n@p", "m@p", "n@p"]],
         "apply_config": [["", json.dumps(pol), "tok-fz", NOW, "0", json.dumps(alternatives_of(pol))]],
         "withdraw": [["waiter", "pod-a"]],
         "doctor": [[]],

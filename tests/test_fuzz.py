@@ -441,7 +441,7 @@ def test_a_lane_without_a_reserve_has_none_and_admits_under_a_budget(mesh):
     _fcall(mesh.client, "apply_config", _apply_args(doc))
     assert [l["reserve"] for l in json.loads(mesh.client.hget("adm:{fz}:config", "lanes"))] == [0, 0]
     assert _fcall(mesh.client, "admit", ["new", "b", "m@p", "pod-a", "", NOW, "0.0", "0", "", "", ""])[0] in (0, 1)
-    assert _fcall(mesh.client, "plan", ["a", "3", NOW, "", "*"])[0] == 7
+    assert _fcall(mesh.client, "plan", ["a", "3", NOW, "", "", "*"])[0] == 7
     mesh.rebuild()
 
 
@@ -489,7 +489,7 @@ def test_a_huge_count_is_answered_within_the_bound(mesh):
     cost may grow with its own arguments, a heartbeat's with the seats and tickets it names.)"""
     s = [x.encode() for x in ("z", "a", "m@p", "pod-a", "", NOW, "0.5", "0", "", "", "", "")]
     calls = [("heartbeat", [b"pod-a", NOW.encode(), count]) for count in (b"1000000000", b"1e15", b"9007199254740992")]
-    calls += [("plan", [b"a", b"100000", NOW.encode(), b"", b"*"]), ("tick", [NOW.encode(), b"10000"]),
+    calls += [("plan", [b"a", b"100000", NOW.encode(), b"", b"n@p o@q", b"*"]), ("tick", [NOW.encode(), b"10000"]),
               ("admit", s + [b"n@p", b"o@q"] * 500), ("admit", s + [b"n@p"] * 1001)]
     for command, args in calls:
         mesh.call(command, args, follow_up=False)

@@ -23,7 +23,7 @@ import httpx2
 import openai
 import pytest
 
-from admission import Admission, AsyncAdmission, BadArgument, current_round
+from admission import Admission, AsyncAdmission, BadArgument, WaitTimeout, current_round
 from admission.integrations import admitted, use
 from admission.integrations import anthropic as adm_anthropic
 from admission.integrations import openai as adm_openai
@@ -816,6 +816,29 @@ def test_decorated_function_runs_as_one_round_with_or_without_the_round_paramete
 
     with pytest.raises(BadArgument, match="AsyncAdmission"):
         asyncio.run(wrong_kind())
+
+
+def test_a_decorated_round_moves_only_where_the_function_can_call(make_adm):
+    """Refused on its pool (paused by a Retry-After), a decorated call stays there unless its
+    ``move_to`` says where else the function can run it (then ``round.pool`` says where)."""
+    pol = integration_policy()
+    pol["tiers"] = {}
+    pol["alternatives"] = {GPT: [CLAUDE]}
+    adm = make_adm(pol)
+    d = adm.try_admit(lane="a", model=GPT, round_id="limited", alternatives=[])
+    adm.release(d.seat, outcome="rate_limited", retry_after=30)      # GPT paused for 30 s
+
+    @admitted(adm, lane="a", model=GPT, timeout=0.5)
+    def fixed(*, round):
+        return round.pool
+
+    @admitted(adm, lane="a", model=GPT, timeout=5, move_to=lambda pool: pool == CLAUDE)
+    def either(*, round):
+        return round.pool
+
+    with pytest.raises(WaitTimeout):
+        fixed()
+    assert either() == CLAUDE
 
 
 def test_decorated_coroutine_runs_as_one_round_with_or_without_the_round_parameter(server_url):

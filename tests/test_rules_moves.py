@@ -4,6 +4,7 @@ honouring them. One test per rule, named after it; each runs on fakeredis, Redis
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 
@@ -19,6 +20,11 @@ from helpers import T0, adm, policy, snapshot
 A, B, C = "m@pa", "m@pb", "m@pc"          # one model on three providers
 X = "m@px"                                # a non-EU router (off the EU route from pa)
 LANES = {"a": {"floor": 0, "weight": 1, "priority": 2}, "b": {"floor": 0, "weight": 1, "priority": 1}}
+
+
+def anywhere(pool):
+    """``move_to`` of a caller that can call every pool (a round moves only where its caller can call)."""
+    return True
 
 
 def moves_policy(alternatives=None, pins=None, agents=None, eu=False, **tunables):
@@ -73,6 +79,56 @@ def test_fallback_a_refused_round_moves_to_the_first_ranked_alternative_that_adm
     ask.fill(C, k=1)                                   # now C is full too: B is next in the ranking
     d = ask(rid="y", alternatives=[C, B])
     assert d.admitted and d.pool == B and d.moved_from == A
+
+
+def test_a_raw_round_stays_on_the_pool_asked_for(redis_client):
+    """A round moves only where its caller can call: A lists B, A is full. A raw ``try_admit``,
+    ``admit_waiting`` or ``round()`` stays on A (its caller may call only A's provider: a seat on B
+    would count there while the call goes to A); ``move_to=`` or an ``alternatives`` list moves it."""
+    a = adm(redis_client, pol=moves_policy(alternatives={A: [B]}))
+    ask = Ask(a)
+    ask.fill(A)
+    d = ask(rid="raw")
+    assert not d.admitted and d.pool == A and d.reason == "full"
+    with pytest.raises(WaitTimeout):
+        a.admit_waiting(lane="a", model=A, round_id="raw-wait", timeout=0.3)
+    with pytest.raises(WaitTimeout):
+        with a.round(lane="a", model=A, round_id="raw-round", timeout=0.3):
+            pass
+    assert redis_client.zscore("adm:{t}:seats", "raw-round") is None
+    for rid, how in (("moved-to", {"move_to": anywhere}), ("moved-alt", {"alternatives": [B]})):
+        d = ask(rid=rid, **how)
+        assert d.admitted and d.pool == B and d.moved_from == A, (how, d)
+        a.release(d.seat, now=T0)
+    with a.round(lane="a", model=A, round_id="moved-round", timeout=1, move_to=anywhere) as r:
+        assert r.pool == B
+
+
+def test_a_raw_async_round_stays_on_the_pool_asked_for(async_client_factory):
+    async def main():
+        from admission import AsyncAdmission
+        client = async_client_factory()
+        a = AsyncAdmission(client, mesh="t", pod="pod-a", background=False, seed=1)
+        await a.apply_policy(moves_policy(alternatives={A: [B]}), recovery_hold=False)
+        ask = functools.partial(a.try_admit, lane="a", model=A, now=T0, draw=0.0)
+        for i in range(2):
+            assert (await ask(lane="b", round_id=f"fill{i}")).pool == A
+        d = await ask(round_id="raw")
+        assert not d.admitted and d.pool == A and d.reason == "full"
+        with pytest.raises(WaitTimeout):
+            await a.admit_waiting(lane="a", model=A, round_id="raw-wait", timeout=0.3)
+        with pytest.raises(WaitTimeout):
+            async with a.round(lane="a", model=A, round_id="raw-round", timeout=0.3):
+                pass
+        for rid, how in (("moved-to", {"move_to": anywhere}), ("moved-alt", {"alternatives": [B]})):
+            d = await ask(round_id=rid, **how)
+            assert d.admitted and d.pool == B and d.moved_from == A, (how, d)
+            await a.release(d.seat, now=T0)
+        async with a.round(lane="a", model=A, round_id="moved-round", timeout=1, move_to=anywhere) as r:
+            assert r.pool == B
+        await a.close()
+        await client.aclose()
+    asyncio.run(main())
 
 
 def test_fallback_a_round_its_own_pool_admits_does_not_move(redis_client):
@@ -223,7 +279,7 @@ def test_thompson_bandit_the_better_alternative_takes_over_80_percent_after_200_
     luck, taken = random.Random(5), {B: 0, C: 0}
     for i in range(200):
         now = T0 + i * 0.01                                 # inside probe_every: A's probe never comes
-        d = a.try_admit(lane="a", model=A, round_id=f"r{i}", now=now, draw=0.0)
+        d = a.try_admit(lane="a", model=A, round_id=f"r{i}", now=now, draw=0.0, move_to=anywhere)
         assert d.admitted and d.moved_from == A, d
         taken[d.pool] += 1
         bad = d.pool == B and luck.random() < 0.5
@@ -378,12 +434,38 @@ def test_lane_of_agent_a_round_may_ask_by_agent_alone(redis_client):
 
 def test_plan_honours_closures_alternatives_and_pins(redis_client):
     a = adm(redis_client, pol=moves_policy(alternatives={A: [B]}, pins={"agents": ["bot"]}))
-    assert a.plan_pools(lane="a", pools=[A], wanted=3, now=T0) == {A: 2, B: 1}      # 2 here, the rest moves
+    plan_pools = functools.partial(a.plan_pools, move_to=anywhere)
+    assert plan_pools(lane="a", pools=[A], wanted=3, now=T0) == {A: 2, B: 1}      # 2 here, the rest moves
     a.close_provider("pa", why="test", now=T0)
-    assert a.plan_pools(lane="a", pools=[A], wanted=3, now=T0) == {A: 0, B: 2}      # closed: all move
-    assert a.plan(lane="a", model=A, wanted=3, now=T0, agent="bot") == 0           # pinned: waits
-    assert a.plan_pools(lane="a", pools=[A, B], wanted=3, now=T0) == {A: 0, B: 2}   # each pool once
-    assert a.allowance(lane="a", now=T0) == 2 + 2 + 2                                # B, C, X (A closed)
+    assert plan_pools(lane="a", pools=[A], wanted=3, now=T0) == {A: 0, B: 2}      # closed: all move
+    assert a.plan(lane="a", model=A, wanted=3, now=T0, agent="bot", move_to=anywhere) == 0   # pinned: waits
+    assert plan_pools(lane="a", pools=[A, B], wanted=3, now=T0) == {A: 0, B: 2}   # each pool once
+    assert a.allowance(lane="a", now=T0, move_to=anywhere) == 2 + 2 + 2            # B, C, X (A closed)
+
+
+def test_plan_counts_only_the_pools_the_caller_can_call(redis_client):
+    """Plan and allowance move as admission does: only to the alternatives ``move_to`` keeps, to
+    none without it (a round whose caller did not say where it can call stays where it asked)."""
+    a = adm(redis_client, pol=moves_policy(alternatives={A: [B, C]}))
+    assert a.plan_pools(lane="a", pools=[A], wanted=3, now=T0) == {A: 2}
+    assert a.plan_pools(lane="a", pools=[A], wanted=3, now=T0, move_to=lambda pool: pool == C) == {A: 2, C: 1}
+    assert a.plan(lane="a", model=A, wanted=5, now=T0) == 2
+    assert a.plan(lane="a", model=A, wanted=5, now=T0, move_to=lambda pool: pool == C) == 4
+    assert a.allowance(lane="a", now=T0) == 2 * 4                 # each pool of the catalog once
+
+
+def test_plan_of_an_async_caller_counts_only_the_pools_it_can_call(async_client_factory):
+    async def main():
+        from admission import AsyncAdmission
+        client = async_client_factory()
+        a = AsyncAdmission(client, mesh="t", pod="pod-a", background=False, seed=1)
+        await a.apply_policy(moves_policy(alternatives={A: [B, C]}), recovery_hold=False)
+        assert await a.plan_pools(lane="a", pools=[A], wanted=3, now=T0) == {A: 2}
+        assert await a.plan_pools(lane="a", pools=[A], wanted=3, now=T0, move_to=lambda p: p == C) == {A: 2, C: 1}
+        assert await a.plan(lane="a", model=A, wanted=9, now=T0, move_to=anywhere) == 6   # A, B, C
+        await a.close()
+        await client.aclose()
+    asyncio.run(main())
 
 
 def test_policy_bad_moves_are_refused_with_a_clear_error_and_change_nothing(redis_client):
@@ -429,7 +511,8 @@ def test_waiter_a_release_on_an_alternative_wakes_the_waiter_of_its_pool(real_en
                 for i in range(2)] for p in (A, B)}
     pod = Admission(redis.Redis.from_url(url), mesh="t", pod="waiter")
     got = {}
-    t = threading.Thread(target=lambda: got.update(d=pod.admit_waiting(lane="a", model=A, round_id="w", timeout=20)))
+    t = threading.Thread(target=lambda: got.update(d=pod.admit_waiting(lane="a", model=A, round_id="w", timeout=20,
+                                                                       move_to=anywhere)))
     t.start()
     deadline = time.monotonic() + 10
     while client.hget(f"adm:{{t}}:pool:{A}", "waiting") != b"1" and time.monotonic() < deadline:
@@ -483,4 +566,4 @@ def test_move_to_keeps_only_the_alternatives_the_caller_can_run_on(redis_client)
         a.release(d.seat, outcome="clean", seconds=1, now=T0)
     d = ask(lane="a", pool=A, move_to=lambda pool: False)
     assert not d.admitted and d.pool == A                  # nowhere it can run: it stays
-    assert ask(lane="a", pool=A).admitted                   # without the filter it moves
+    assert ask(lane="a", pool=A, move_to=anywhere).admitted  # a caller that can call every pool moves

@@ -19,6 +19,9 @@ Choices:
   ``use(lane=...)`` (``lane=None``). A call made inside another round is its delegated sub-round
   (the client's nesting rule; this decorator adds nothing to it).
 * An exception leaving the function ends the round with its classification (``round()``'s rule).
+* **Moves only where the function can call**: the round stays on ``model`` unless ``move_to``
+  (a predicate over pool names, ``round()``'s) says where else the function can run it; such a
+  function reads where it runs from its ``round`` handle (``round.pool``).
 """
 from __future__ import annotations
 
@@ -37,7 +40,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def admitted(adm_or_getter: Any, *, lane: str | None, model: str,
-             round_id: str | Callable[..., str] | None = None, timeout: float = 600.0) -> Callable[[F], F]:
+             round_id: str | Callable[..., str] | None = None, timeout: float = 600.0,
+             move_to: Callable[[str], bool] | None = None) -> Callable[[F], F]:
     """Run each call of the decorated function as one ``round()`` of ``adm_or_getter`` (an
     ``Admission`` / ``AsyncAdmission``, or a callable returning one) on pool ``model``."""
     if not isinstance(model, str) or "@" not in model:
@@ -58,7 +62,7 @@ def admitted(adm_or_getter: Any, *, lane: str | None, model: str,
         if not the_lane and not agent:
             raise BadArgument("admitted(): no lane: pass lane= or call inside use(lane=...)")
         return dict(lane=the_lane, agent=agent, model=model, round_id=rid or ctx.get("round_id") or uuid.uuid4().hex,
-                    timeout=timeout)
+                    timeout=timeout, move_to=move_to)
 
     def decorate(fn: F) -> F:
         wants_round = "round" in inspect.signature(fn).parameters

@@ -145,8 +145,9 @@ def main() -> int:
             journal("ask", id=rid, lane=lane, pool=pool)
             entered = False
             try:
+                # the pod calls whatever pool its round runs on (r.pool): it may move anywhere
                 with adm.round(lane=lane, model=pool, round_id=rid, timeout=cfg.get("round_timeout", 30),
-                               tokens=tokens) as r:
+                               tokens=tokens, move_to=lambda _pool: True) as r:
                     entered = True
                     d = r.decision
                     journal("admitted", id=rid, seq=r.seat.seq, reason=d.reason, running=d.running,

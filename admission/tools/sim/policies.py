@@ -40,6 +40,12 @@ STEP_FOR = 35 * 60.0     # ... for 35 minutes
 PACED_LANE = "bugfix"    # the lane that starts work (the bug pool)
 
 
+def can_call(pool: str) -> bool:
+    """A simulated worker calls whatever pool its round runs on: it may move to every alternative
+    (a round moves only where its caller can call, ``move_to``)."""
+    return True
+
+
 class Policy:
     name = "?"
     has_estimate = False  # True: an estimate K̂ bounds what it admits (the over-estimate figure)
@@ -281,7 +287,7 @@ class SeedAndGrow(Policy):
     def _ask(self, rnd, now):
         # the round's size, as the worker knows it (the seed gives each kind's): the cap line
         d = self.adm[rnd.pod].try_admit(lane=rnd.lane, model=rnd.pool, round_id=rnd.id, now=now,
-                                        draw=self.sim.draw(), wait=True, tokens=rnd.tokens)
+                                        draw=self.sim.draw(), wait=True, tokens=rnd.tokens, move_to=can_call)
         self.est[(self.mesh[rnd.pod], d.pool)] = d.estimate  # the pool it runs or waits on
         self.sim.on_decision(rnd, d)
         if d.admitted:
@@ -349,7 +355,7 @@ class SeedAndGrow(Policy):
     def allowance(self, pod, lane, pool, wanted, now):
         if self.waiting[pod].get((lane, pool)):
             return 0  # what plan answers while the lane has waiters there (saves the round trip)
-        n = self.adm[pod].plan(lane=lane, model=pool, wanted=wanted, now=now)
+        n = self.adm[pod].plan(lane=lane, model=pool, wanted=wanted, now=now, move_to=can_call)
         # A lane with more work than admission lets start keeps one round asking as a waiter (the
         # README's pacing contract): that waiter is the lane's demand, so the estimate can grow,
         # and its claim to its floor, so reserved and fair share make borrowers yield to it.
