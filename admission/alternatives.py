@@ -14,16 +14,42 @@ Never off the EU route (``may_move_to``). A model in no tier has no defaults. An
 (by pool, else by model) replaces the defaults; it too keeps to the EU route and never lists the
 pool itself.
 
-Only the lists are computed here, when a policy is applied (``Core.apply`` stores them in the
-config hash); ``lua/admit.lua`` tries them in the client's Thompson ranking.
+The lists are computed here when a policy is applied (``Core.apply`` stores them in the config
+hash); ``lua/admit.lua`` tries them in the client's ranking, which ``Thompson`` draws.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
+
+import numpy as np
 
 from .policy import may_move_to, model_of, tier_of
 
-__all__ = ["alternatives", "explicit_key", "may_move_to"]
+__all__ = ["Thompson", "alternatives", "explicit_key", "may_move_to"]
+
+
+class Thompson:
+    """The client's ranking of a pool's alternatives (DESIGN §7), one seeded generator per pod."""
+
+    def __init__(self, seed: int | None = None):
+        self.rng = np.random.default_rng(seed)
+
+    def rank(self, alternatives: Iterable[str], stats: Mapping[str, tuple[float, float, float]],
+             cost_scale: float) -> list[str]:
+        """Thompson sampling: for each alternative draw θ ~ Beta(successes + 1, failures + 1) and
+        score θ / (1 + mean cost / cost_scale); best first. An unexplored pool draws from
+        Beta(1, 1), so the choice keeps exploring."""
+        alts = list(alternatives)
+        if len(alts) < 2:
+            return alts
+        succ = np.empty(len(alts))
+        fail = np.empty(len(alts))
+        cost = np.empty(len(alts))
+        for i, p in enumerate(alts):
+            succ[i], fail[i], cost[i] = stats.get(p, (0.0, 0.0, 0.0))
+        theta = self.rng.beta(succ + 1, fail + 1)
+        score = theta / (1 + cost / cost_scale)
+        return [alts[i] for i in np.argsort(-score, kind="stable")]
 
 
 def explicit_key(policy: Mapping[str, Any], pool: str) -> str | None:

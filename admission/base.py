@@ -18,6 +18,7 @@ import redis
 from . import policy as policy_mod
 from ._log import get_logger
 from .codes import OUTCOMES, UNAVAILABLE
+from .alternatives import Thompson
 from .core import UNREACHABLE, Call, Core, Decision, Heartbeat, Seat, _money, _received_total, _retry_after
 from .errors import AdmissionError, BadArgument, NotYourSeat, RoundInProgress, Unavailable
 from .health import SamplerRun, samplers_from_policy
@@ -150,6 +151,7 @@ class ClientBase:
         self._confirm_replicas, self._confirm_ms = _confirm_options(confirm_replicas, confirm_timeout)
         self.redis = client
         self.core = Core(mesh, pod, seed)
+        self._thompson = Thompson(seed)  # the alternatives' ranking
         self.mesh, self.pod = mesh, pod
         self.background = background
         self._book = Book()
@@ -220,7 +222,7 @@ class ClientBase:
         alts = [a for a in self._moves["alternatives"].get(pool, []) if move_to(a)]
         if not alts or self._pinned(lane, agent):
             return []
-        return self.core.rank(alts, self._stats, self._tunables["cost_scale"])
+        return self._thompson.rank(alts, self._stats, self._tunables["cost_scale"])
 
     def _movable(self, move_to: Callable[[str], bool] | None) -> list[str]:
         """The alternatives a plan counts: those the caller can call (``move_to``), none without

@@ -61,7 +61,7 @@ from . import alternatives, dayjob, doctor, health
 from . import policy as policy_mod
 from ._log import show
 from .client import Admission
-from .core import UNREACHABLE, decode_census
+from .core import UNREACHABLE, decode_census, mesh_key
 from .errors import AdmissionError, NoPolicy, Unavailable, without_location
 from .view import LEGEND, event_time, render_census, render_event, render_ledger, render_refusals, utc_iso
 
@@ -385,7 +385,7 @@ def cmd_events(args) -> int:
     if args.refusals:
         return cmd_refusals(args)
     adm = _connect(args)
-    key = f"adm:{{{args.mesh}}}:events"
+    key = mesh_key(args.mesh, "events")
     keep = EventFilter(args.kind, args.pool, args.lane, args.pod_filter)
     events, top = latest_events(adm.redis, key, args.count, keep)
     for eid, f in events:
@@ -412,7 +412,7 @@ def refusal_counts(client: redis.Redis, mesh: str, now: float, minutes: int) -> 
     last = math.floor(now / 60) * 60
     pipe = client.pipeline(transaction=False)
     for i in range(minutes):
-        pipe.hgetall(f"adm:{{{mesh}}}:refusals:{last - 60 * i}")
+        pipe.hgetall(mesh_key(mesh, "refusals", last - 60 * i))
     counts: Counter = Counter()
     for h in pipe.execute():
         for field, n in h.items():

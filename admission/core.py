@@ -13,7 +13,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-import numpy as np
 import redis
 
 from .alternatives import alternatives as alternatives_of
@@ -21,6 +20,15 @@ from .codes import FENCE_REASONS, OUTCOMES, REPORT_SIGNALS, UNAVAILABLE, Status
 from .errors import BadArgument, BadName, ScriptError, from_reply, without_location
 
 _MESH = re.compile(r"^[\w.\-]{1,64}$")
+
+
+def mesh_key(mesh: str, *parts: Any) -> str:
+    """A key of the mesh: ``adm:{<mesh>}:<part>:<part>...``, the one builder in Python, as
+    ``key(...)`` is in the Lua (lua/include/util.lua): every key carries the mesh's hash tag, so a
+    Redis Cluster keeps a mesh in one slot."""
+    if not isinstance(mesh, str) or not _MESH.match(mesh):
+        raise BadName(f"mesh {mesh!r} may only hold letters, digits, '.', '_' and '-' (1-64 characters)")
+    return f"adm:{{{mesh}}}:" + ":".join(str(p) for p in parts)
 
 
 @dataclass(frozen=True)
@@ -273,14 +281,11 @@ class Core:
     """Argument building and reply decoding for one pod of one mesh."""
 
     def __init__(self, mesh: str, pod: str, seed: int | None = None):
-        if not isinstance(mesh, str) or not _MESH.match(mesh):
-            raise BadName(f"mesh {mesh!r} may only hold letters, digits, '.', '_' and '-' (1-64 characters)")
+        self.config_key = mesh_key(mesh, "config")
         self.mesh = mesh
         self.pod = pod
-        self.config_key = f"adm:{{{mesh}}}:config"
-        self.census_key = f"adm:{{{mesh}}}:census"
-        self.wake_channel = f"adm:{{{mesh}}}:wake"
-        self.rng = np.random.default_rng(seed)  # the Thompson draws (rank)
+        self.census_key = mesh_key(mesh, "census")
+        self.wake_channel = mesh_key(mesh, "wake")
         self._uniform = random.Random(seed).random  # the one draw per admit: 10x cheaper than numpy's
 
     def _call(self, script: str, args: list[Any], decode) -> Call:
@@ -317,23 +322,6 @@ class Core:
                             int(version), None if admitted else at, _s(asked), model if borrow else "", paused_for)
 
         return self._call("admit", args, decode)
-
-    def rank(self, alternatives: Iterable[str], stats: Mapping[str, tuple[float, float, float]],
-             cost_scale: float) -> list[str]:
-        """Thompson sampling (DESIGN §7): for each alternative draw θ ~ Beta(successes + 1,
-        failures + 1) and score θ / (1 + mean cost / cost_scale); best first. An unexplored pool
-        draws from Beta(1, 1), so the choice keeps exploring."""
-        alts = list(alternatives)
-        if len(alts) < 2:
-            return alts
-        succ = np.empty(len(alts))
-        fail = np.empty(len(alts))
-        cost = np.empty(len(alts))
-        for i, p in enumerate(alts):
-            succ[i], fail[i], cost[i] = stats.get(p, (0.0, 0.0, 0.0))
-        theta = self.rng.beta(succ + 1, fail + 1)
-        score = theta / (1 + cost / cost_scale)
-        return [alts[i] for i in np.argsort(-score, kind="stable")]
 
     def unavailable(self, *, lane: str | None, model: str, round_id: str, borrow: str | None = None,
                     **_: Any) -> Decision:

@@ -16,8 +16,8 @@ from typing import Any
 import redis
 
 from . import scripts
-from .core import _MESH, UNREACHABLE, Core, empty_list
-from .errors import BadName, Unavailable
+from .core import UNREACHABLE, Core, empty_list, mesh_key
+from .errors import Unavailable
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,7 @@ class Report:
 
 
 def config_key(mesh: str) -> str:
-    if not isinstance(mesh, str) or not _MESH.match(mesh):
-        raise BadName(f"mesh {mesh!r} may only hold letters, digits, '.', '_' and '-' (1-64 characters)")
-    return f"adm:{{{mesh}}}:config"
+    return mesh_key(mesh, "config")
 
 
 def decode(raw: Any) -> Report:

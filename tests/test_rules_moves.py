@@ -11,6 +11,7 @@ import random
 import pytest
 
 from admission import scripts
+from admission.alternatives import Thompson
 from admission.core import Core
 from admission.errors import UnknownLane, WaitTimeout
 from admission.view import render_census
@@ -253,7 +254,7 @@ def test_census_counts_moved_rounds_per_pool(redis_client):
 # -- Thompson sampling ------------------------------------------------------------------------------
 
 def test_thompson_explores_an_unexplored_pool():
-    core = Core("t", "p", seed=7)
+    core = Thompson(seed=7)
     stats = {B: (5.0, 5.0, 0.0)}                          # C never ran: Beta(1, 1)
     first = [core.rank([B, C], stats, 1.0)[0] for _ in range(1000)]
     assert 0.3 < first.count(C) / 1000 < 0.7
@@ -263,7 +264,7 @@ def test_thompson_explores_an_unexplored_pool():
 
 
 def test_thompson_discounts_by_mean_cost():
-    core = Core("t", "p", seed=3)
+    core = Thompson(seed=3)
     stats = {B: (50.0, 0.0, 3.0), C: (50.0, 0.0, 0.1)}  # as good; B costs 30 times as much
     first = [core.rank([B, C], stats, 1.0)[0] for _ in range(500)]
     assert first.count(C) == 500

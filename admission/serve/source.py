@@ -12,7 +12,7 @@ import redis
 
 from .._log import get_logger
 from ..client import Admission
-from ..core import UNREACHABLE
+from ..core import UNREACHABLE, mesh_key
 from ..errors import AdmissionError, NoPolicy, Unavailable
 
 log = get_logger("admission.serve")
@@ -31,7 +31,7 @@ class Snapshot:
 
 
 def totals_key(mesh: str) -> str:
-    return f"adm:{{{mesh}}}:totals"
+    return mesh_key(mesh, "totals")
 
 
 class CensusSource:
