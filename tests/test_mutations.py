@@ -599,9 +599,9 @@ MUTATIONS += [
     ("apply keeps to the EU route", "apply_config.lua", "need(route(src) ~= 'eu' or route(d) == 'eu' or kind(d) == 'direct',",
      "need(true,", "test_rules_moves.py", "never_off_the_eu_route"),
     # rules in Python (a mutated copy of the package, imported first)
-    ("Thompson draws from Beta(s + 1, f + 1)", "admission/core.py", "theta = self.rng.beta(succ + 1, fail + 1)",
+    ("Thompson draws from Beta(s + 1, f + 1)", "admission/alternatives.py", "theta = self.rng.beta(succ + 1, fail + 1)",
      "theta = np.ones(len(alts))", "test_rules_moves.py", "thompson_explores or thompson_bandit"),
-    ("Thompson discounts by mean cost", "admission/core.py", "score = theta / (1 + cost / cost_scale)", "score = theta",
+    ("Thompson discounts by mean cost", "admission/alternatives.py", "score = theta / (1 + cost / cost_scale)", "score = theta",
      "test_rules_moves.py", "discounts_by_mean_cost"),
     ("the client learns each pool's counts", "admission/base.py", "        self._stats.update(stats)\n",
      "        pass\n", "test_rules_moves.py", "thompson_bandit"),
