@@ -65,6 +65,23 @@ def test_slow_start_doubles_once_per_grow_interval_up_to_max(redis_client):
     assert a.tick(now=T0 + 45).grew == {POOL: 10.0}  # capped by max_estimate
 
 
+def test_at_most_one_growth_step_per_interval_whatever_order_the_ticks_come_in(redis_client):
+    """Ticks a moment apart that reach Redis out of order (caller clocks: tests, the simulator)
+    are one interval: a tick before the last step is not due and does not move it back."""
+    a = adm(redis_client)
+    r = Rounds(a)
+    r.fill("a", 2)
+    assert a.tick(now=T0 + 15).grew == {POOL: 4.0}
+    r.fill("a", 2)                                  # full again at 4: demand
+    assert a.tick(now=T0 + 30.005).grew == {POOL: 8.0}
+    r.fill("a", 4)                                  # full again at 8: demand
+    assert a.tick(now=T0 + 30.000).grew == {}       # before the step: not due
+    assert a.tick(now=T0 + 29.999).grew == {}
+    assert est(redis_client) == 8 and float(pool_state(redis_client)["lastGrow"]) == T0 + 30.005
+    assert a.tick(now=T0 + 45.004).grew == {}       # one interval after the step, not after the ticks
+    assert a.tick(now=T0 + 45.005).grew == {POOL: 16.0}
+
+
 def test_limited_slow_start_a_step_adds_at_most_slow_start_step_rounds(redis_client):
     """Doubling until a step would add more than slow_start_step rounds, then that many a step: a
     step past K admits at most slow_start_step rounds too many before the first 429 comes back."""
