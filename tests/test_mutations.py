@@ -73,6 +73,8 @@ MUTATIONS = [
     ("one report per seat", "report.lua", "if s.signalled ~= '' and LOAD[what] then\n", "if false then\n",
      "test_rules_estimate.py", "stall_reported_mid_round"),
     ("remainder ties to priority", "include/lanes.lua", "(1023 - i))", "i)", "test_rules_lanes.py", "ties_to_priority"),
+    ("equal remainders up to float noise are a tie", "include/lanes.lua", "rem[l.name] * 1e6 + 0.5)", "rem[l.name] * 1e9)",
+     "test_rules_lanes.py", "up_to_float_noise"),
     ("floors by floor share", "include/lanes.lua", "g[l.name] = math.floor(q)", "g[l.name] = 0", "test_rules_lanes.py", "floors"),
     ("largest remainder", "include/lanes.lua", "for i = 1, math.min(left, #keys) do", "for i = 1, 0 do",
      "test_rules_lanes.py", "largest_remainder"),
