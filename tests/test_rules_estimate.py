@@ -145,6 +145,18 @@ def test_growth_waits_for_its_evidence_half_the_mean_round_time(redis_client):
     assert POOL in a.tick(now=T0 + 1 + 50).grew
 
 
+def test_growth_waits_for_its_evidence_a_round_counts_at_most_round_cap(redis_client):
+    """A round runs at most round_cap (it is cut there): a release that says it ran longer (a
+    client's bad clock) counts round_cap, so one such release cannot hold growth off for years."""
+    a, r, seats = measured(redis_client, 10)
+    a.release(seats[0], outcome="clean", seconds=1.8e9, now=T0 + 2)   # counted 1,800 s (round_cap)
+    assert pool_row(a.census(now=T0 + 2))["meanSeconds"] == 1800
+    r.now = T0 + 3
+    r.ask("a", wait=True, round_id="w1")
+    assert a.tick(now=T0 + 1 + 899).grew == {}     # half the mean round time: 900 s
+    assert POOL in a.tick(now=T0 + 1 + 900).grew
+
+
 def steps_at_capacity(a, r, held, now, steps):
     """Growth steps with evidence and demand: each releases one held round clean, refills the
     pool (one waiter left over) and ticks 16 s later. Returns K after each step, and the clock."""
