@@ -10,7 +10,11 @@
   ARGV[3]  pod
   ARGV[4]  outcome: clean | rate_limited | stall | round_cap | error | key_daily_limit |
            budget_reached | credit | key_rejected (a closing outcome closes the provider)
-  ARGV[5]  seconds the round ran (>= 0)
+  ARGV[5]  seconds the round ran (>= 0); counted at most round_cap: a round runs no longer (it is
+           cut there), and one release that said it ran for years (a client's bad clock) would
+           otherwise set the pool's mean round time, and with it the wait between growth steps
+           (pool.lua), for good. Bounded, not refused: a refused release would leave its seat
+           held until the lease ran out
   ARGV[6]  cost in integer micro-USD (0..1e12; '' = not priced; the day's ledger entry stays <= 2^53)
   ARGV[7]  now ('' = Redis TIME)
   ARGV[8]  at: when the round ended ('' = now): the UTC day its cost is booked to (a replay from
@@ -66,6 +70,7 @@ return function()
   local retry_after = check_num('retry after', ARGV[9], 0, 0) -- 0: none
   local received = ARGV[10] and ARGV[10] ~= '' and check_token_count('tokens received', ARGV[10], 0) or nil
   local cfg = load_config(nil)
+  seconds = math.min(seconds, cfg.T.round_cap) -- a round runs at most round_cap (header)
 
   local s = check_owner(id, read_hash(key('seat', id)), seq, pod)
   local cost

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from admission import (Admission, BadArgument, BadName, NoPolicy, NotYourSeat, PolicyError, UnknownLane,
+from admission import (Admission, BadArgument, BadName, NoPolicy, NotYourSeat, PolicyError, Status, UnknownLane,
                        UnknownPool, UnknownSeat)
 
-from helpers import POOL, T0, Rounds, adm, policy, snapshot
+from helpers import POOL, T0, Rounds, adm, policy, pool_state, snapshot
 
 
 @pytest.fixture
@@ -71,6 +71,16 @@ def test_bad_release_is_refused_and_changes_nothing(redis_client, busy, case, ov
     a, seat = busy
     kwargs = dict(outcome="clean", seconds=1.0, cost_usd=0.01, now=T0 + 2) | override
     unchanged(redis_client, lambda: a.release(seat, **kwargs), exc)
+
+
+def test_release_a_duration_past_round_cap_is_bounded_not_refused(redis_client, busy):
+    """No round runs past round_cap (it is cut there): a longer duration (a client's bad clock) is
+    counted as round_cap, and the round still ends (a refusal would hold its seat until its lease
+    ran out). The client sends it as it is; the script bounds it (release.lua)."""
+    a, seat = busy
+    out = a.release(seat, outcome="clean", seconds=1.8e9, now=T0 + 2)
+    assert out.status == Status.RELEASED and redis_client.zcard("adm:{t}:seats") == 0
+    assert float(pool_state(redis_client)["meanSec"]) == 1 + 0.1 * (1800 - 1)   # 1 s, then 1,800 s
 
 
 def test_release_of_a_seat_that_is_not_yours_changes_nothing(redis_client, busy):

@@ -65,6 +65,23 @@ def test_slow_start_doubles_once_per_grow_interval_up_to_max(redis_client):
     assert a.tick(now=T0 + 45).grew == {POOL: 10.0}  # capped by max_estimate
 
 
+def test_at_most_one_growth_step_per_interval_whatever_order_the_ticks_come_in(redis_client):
+    """Ticks a moment apart that reach Redis out of order (caller clocks: tests, the simulator)
+    are one interval: a tick before the last step is not due and does not move it back."""
+    a = adm(redis_client)
+    r = Rounds(a)
+    r.fill("a", 2)
+    assert a.tick(now=T0 + 15).grew == {POOL: 4.0}
+    r.fill("a", 2)                                  # full again at 4: demand
+    assert a.tick(now=T0 + 30.005).grew == {POOL: 8.0}
+    r.fill("a", 4)                                  # full again at 8: demand
+    assert a.tick(now=T0 + 30.000).grew == {}       # before the step: not due
+    assert a.tick(now=T0 + 29.999).grew == {}
+    assert est(redis_client) == 8 and float(pool_state(redis_client)["lastGrow"]) == T0 + 30.005
+    assert a.tick(now=T0 + 45.004).grew == {}       # one interval after the step, not after the ticks
+    assert a.tick(now=T0 + 45.005).grew == {POOL: 16.0}
+
+
 def test_limited_slow_start_a_step_adds_at_most_slow_start_step_rounds(redis_client):
     """Doubling until a step would add more than slow_start_step rounds, then that many a step: a
     step past K admits at most slow_start_step rounds too many before the first 429 comes back."""
@@ -126,6 +143,18 @@ def test_growth_waits_for_its_evidence_half_the_mean_round_time(redis_client):
     r.ask("a", wait=True, round_id="w1")
     assert a.tick(now=T0 + 1 + 30).grew == {}      # 30 s after the decrease: < 50 s
     assert POOL in a.tick(now=T0 + 1 + 50).grew
+
+
+def test_growth_waits_for_its_evidence_a_round_counts_at_most_round_cap(redis_client):
+    """A round runs at most round_cap (it is cut there): a release that says it ran longer (a
+    client's bad clock) counts round_cap, so one such release cannot hold growth off for years."""
+    a, r, seats = measured(redis_client, 10)
+    a.release(seats[0], outcome="clean", seconds=1.8e9, now=T0 + 2)   # counted 1,800 s (round_cap)
+    assert pool_row(a.census(now=T0 + 2))["meanSeconds"] == 1800
+    r.now = T0 + 3
+    r.ask("a", wait=True, round_id="w1")
+    assert a.tick(now=T0 + 1 + 899).grew == {}     # half the mean round time: 900 s
+    assert POOL in a.tick(now=T0 + 1 + 900).grew
 
 
 def steps_at_capacity(a, r, held, now, steps):

@@ -58,6 +58,20 @@ def test_floors_by_largest_remainder_ties_to_priority(redis_client):
     assert [lane_row(c, l)["guaranteed"] for l in ("hi", "mid", "lo")] == [3, 2, 2]
 
 
+def test_floors_by_largest_remainder_ties_to_priority_up_to_float_noise(redis_client):
+    # C = 4: q = 0.7 x 4 = 2.8 and 0.2 x 4 = 0.8 -> 2 + 0, both remainders 0.8 (in floats
+    # 0.7 x 4 - 2 is not 0.2 x 4): the one extra slot goes to the higher priority
+    lanes = {"hi": {"floor": 0.7, "weight": 1, "priority": 2}, "lo": {"floor": 0.2, "weight": 1, "priority": 1}}
+    a = adm(redis_client, pol=policy(lanes, seed_estimate=4))
+    r = Rounds(a)
+    r.fill("lo", 1)
+    r.fill("hi", 2)
+    c = a.census(now=T0)
+    assert (lane_row(c, "hi")["guaranteed"], lane_row(c, "lo")["guaranteed"]) == (3, 0)
+    d = r.ask("hi", draw=0.999999)                   # its third guaranteed slot: the draw does not matter
+    assert d.admitted and d.reason == "within-floor"
+
+
 def test_floors_largest_remainder_goes_to_the_largest_remainder(redis_client):
     lanes = {"x": {"floor": 0.34, "weight": 1, "priority": 1}, "y": {"floor": 0.46, "weight": 1, "priority": 9}}
     a = adm(redis_client, pol=policy(lanes, seed_estimate=5))

@@ -434,8 +434,10 @@ def test_growth_survives_a_clock_that_steps_back(redis_client):
     r.now = T0 + 16
     r.fill("x", 2)                                         # demand: the pool is full
     assert a.tick(now=T0 + 20).grew == {}                  # within the interval
-    assert a.tick(now=T0 - 3600).grew == {POOL: 8.0}       # a clock an hour back: not frozen
-    assert a.tick(now=T0 - 3590).grew == {}                # then one step per interval again
+    assert a.tick(now=T0 - 3600).grew == {}                # a clock an hour back: growth restarts
+    assert a.tick(now=T0 - 3586).grew == {}                # from it: one interval on the new clock,
+    assert a.tick(now=T0 - 3585).grew == {POOL: 8.0}       # not frozen until the old clock returns
+    assert a.tick(now=T0 - 3580).grew == {}                # then one step per interval again
     assert pool_state(redis_client)["running"] == "4"      # and no live seat was swept
 
 

@@ -41,10 +41,13 @@ local function guaranteed(cfg, L, C, asking)
   local left = math.floor(sum_q) - sum_g
   if left > 0 then
     -- largest remainder first, ties to the earlier lane (cfg.lanes is sorted by priority desc,
-    -- then name): one number per lane, sorted by the C comparison (no Lua comparator per pair)
+    -- then name): one number per lane, sorted by the C comparison (no Lua comparator per pair).
+    -- Remainders count in millionths of a slot, rounded: equal ones differ by float noise
+    -- (0.7 x 4 - 2 and 0.2 x 4), which truncation could split the wrong way; a floor share of at
+    -- most six decimals times C has a remainder that is a whole number of millionths
     local keys, lane_of = {}, {}
     for i, l in ipairs(with_work) do
-      local k = -(math.floor(rem[l.name] * 1e9) * 1024 + (1023 - i))
+      local k = -(math.floor(rem[l.name] * 1e6 + 0.5) * 1024 + (1023 - i))
       keys[i], lane_of[k] = k, l.name
     end
     table.sort(keys)

@@ -63,9 +63,16 @@ local function probe_backoff(p) -- the wait's multiplier: 1, 2, 4 or 8
   return 2 ^ math.min(p.probeFails, PROBE_BACKOFF_MAX)
 end
 local function grow(T, p, now)
-  -- a clock that stepped back (a failover, a caller's clock) never freezes growth
-  local since = now - p.lastGrow
-  if since >= 0 and since < grow_interval(T, p) then return false end
+  -- a tick before the last step (ticks out of order on a caller clock) is not due and leaves
+  -- lastGrow; a clock more than an interval behind it stepped back (a failover): growth restarts
+  -- from now, so it waits one interval on the new clock instead of freezing until the old returns
+  local since, interval = now - p.lastGrow, grow_interval(T, p)
+  if since < -interval then
+    p.lastGrow = now
+    save_pool(p, {'lastGrow'})
+    return false
+  end
+  if since < interval then return false end
   if not has_demand(T, p, now) then return false end -- an idle pool keeps its estimate
   -- the cap line holds the load below K̂ (capline.lua): the rounds do not reach K̂, so nothing
   -- tests a higher one
