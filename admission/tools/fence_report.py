@@ -60,7 +60,8 @@ from typing import Any, Callable, Iterator, Sequence
 import redis
 
 from .. import doctor
-from .bench import progress_bar, quiet_logs
+from .logs import quiet_logs
+from .progress import progress_bar
 from ..client import Admission, fail_fast_options
 from ..codes import FENCE_REASONS, UNAVAILABLE
 from ..core import Decision, Seat
