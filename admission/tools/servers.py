@@ -78,6 +78,11 @@ def available_engines() -> list[str]:
     return [e for e in ENGINES if find_server(e)]
 
 
+def default_engine(fallback: str) -> str:
+    """The first engine of ENGINES whose binary exists (redis before valkey), else ``fallback``."""
+    return next((e for e in ENGINES if find_server(e)), fallback)
+
+
 def binary_version(binary: str) -> str | None:
     """Version printed by `<binary> --version` (cheap: no server started)."""
     try:
