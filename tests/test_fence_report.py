@@ -1,4 +1,4 @@
-"""The fence's fault-injection report (admission/tools/fence_report.py, docs/fence.md): a small seeded run
+"""The fence's fault-injection report (admission/tools/fence_report/, docs/fence.md): a small seeded run
 on every engine holds the invariant, each fault gives its own reasons, and the check can fail."""
 from __future__ import annotations
 

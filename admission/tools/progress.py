@@ -8,7 +8,7 @@ from typing import Any, Iterator
 from tqdm import tqdm  # the `tools` extra
 
 
-class _NoBar:
+class NoBar:
     """Stands in for tqdm when there is no bar (a disabled tqdm still starts its monitor thread)."""
 
     def update(self, n: int = 1) -> None:
@@ -22,7 +22,7 @@ class _NoBar:
 def progress_bar(total: int, progress: bool | None, unit: str = "call", desc: str = "bench") -> Iterator[Any]:
     """progress None: a bar when stderr is a terminal; True: always; False: never (the tools share it)."""
     if progress is False or (progress is None and not sys.stderr.isatty()):
-        yield _NoBar()
+        yield NoBar()
         return
     with tqdm(total=total, unit=unit, desc=desc, dynamic_ncols=True, leave=False) as bar:
         yield bar

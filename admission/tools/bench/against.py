@@ -10,7 +10,7 @@ import redis
 
 from ...client import Admission
 from ... import scripts
-from ..progress import _NoBar, progress_bar
+from ..progress import NoBar, progress_bar
 from ..servers import LocalServer
 from ..stats import percentile
 from .case import _fcall_stats, fill_seats
@@ -52,7 +52,7 @@ def run_against(engine: str, other: Path, lanes: Sequence[int], rounds: int, blo
         adm = Admission(setup, mesh=MESH, pod="bench", background=False, seed=0)
         n = 0
         for n_lanes in sorted(set(lanes)):
-            fill_seats(setup, adm, n_lanes, 10, _NoBar())
+            fill_seats(setup, adm, n_lanes, 10, NoBar())
             setup.function_load(this_code, replace=True)
             setup.function_load(other_code, replace=True)
             per: dict[str, dict[str, list[float]]] = {k: {"admit": [], "release": []} for k in versions}

@@ -13,7 +13,7 @@ import redis
 from ...client import Admission
 from ...core import Call, Core
 from ... import scripts
-from ..progress import _NoBar
+from ..progress import NoBar
 from ..stats import percentile
 from .policy import BIG_ESTIMATE, MEASURED_LANE, MESH, PIPELINE_CHUNK, POOL, REFILL, SERVER_BLOCK, bench_policy, lanes_table
 
@@ -221,7 +221,7 @@ def measure(setup: redis.Redis, adm: Admission, case: Case, queue: Queue, iterat
         if case.waiters:
             queue.oldest += 1
             if queue.live < case.waiters:
-                add_waiters(setup, adm, case.lanes, queue, REFILL, _NoBar())
+                add_waiters(setup, adm, case.lanes, queue, REFILL, NoBar())
 
     for i in range(warmup):  # scripts loaded, connection warm, caches hot
         one(i, keep=False)
@@ -273,7 +273,7 @@ def server_blocks(setup: redis.Redis, adm: Admission, case: Case, queue: Queue, 
             queue.oldest += 1
             if queue.live < case.waiters:
                 c0, u0 = _fcall_stats(setup)
-                add_waiters(setup, adm, case.lanes, queue, REFILL, _NoBar())
+                add_waiters(setup, adm, case.lanes, queue, REFILL, NoBar())
                 c1, u1 = _fcall_stats(setup)
                 excluded[0] += c1 - c0
                 excluded[1] += u1 - u0

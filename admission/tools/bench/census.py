@@ -12,7 +12,7 @@ import redis
 from ...client import Admission, fail_fast_options
 from ...core import Core
 from ... import scripts
-from ..progress import _NoBar, progress_bar
+from ..progress import NoBar, progress_bar
 from ..servers import LocalServer
 from .case import _check_pool, _fcall_stats, _run_pipelined, percentile_usec
 from .output import report
@@ -40,12 +40,12 @@ def census_state(setup: redis.Redis, adm: Admission, lanes: int, estimate: int) 
     names = list(lanes_table(lanes))
     filler = Core(MESH, "filler", seed=0)
     seats = (filler.admit(lane=n, model=POOL, round_id=f"s-{n}", draw=0.0, wait=False) for n in names)
-    if not all(d.admitted for d in _run_pipelined(setup, seats, len(names), _NoBar())):
+    if not all(d.admitted for d in _run_pipelined(setup, seats, len(names), NoBar())):
         raise RuntimeError("bench census setup: a seat was refused")
     key = f"adm:{{{MESH}}}:pool:{POOL}"
     setup.hset(key, mapping={"est": 1, "exhausted": 1})  # full: the next ask queues
     waiter = filler.admit(lane=names[-1], model=POOL, round_id="w-0", draw=0.0, wait=True)
-    if _run_pipelined(setup, iter([waiter]), 1, _NoBar())[0].admitted:
+    if _run_pipelined(setup, iter([waiter]), 1, NoBar())[0].admitted:
         raise RuntimeError("bench census setup: the waiter was admitted")
     sec, usec = setup.time()
     setup.hset(key, mapping={"est": estimate, "cap": estimate, "exhausted": 1, "lastGrow": sec + usec / 1e6})
