@@ -2,20 +2,44 @@
 server's own µs per call."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
+import os
+import platform
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import redis
 
-from ...client import Admission
+from ...client import Admission, fail_fast_options
 from ...core import Call, Core
 from ... import scripts
 from ..progress import NoBar
 from ..stats import percentile
 from .policy import BIG_ESTIMATE, MEASURED_LANE, MESH, PIPELINE_CHUNK, POOL, REFILL, SERVER_BLOCK, bench_policy, lanes_table
+
+
+@contextlib.contextmanager
+def bench_clients(url: str, **options: Any) -> Iterator[tuple[redis.Redis, Admission]]:
+    """The setup connection and the measured pod (its own fail-fast connection, ``options``), closed
+    after the block."""
+    setup = redis.Redis.from_url(url)
+    adm = Admission(redis.Redis.from_url(url, **fail_fast_options(**options)), mesh=MESH, pod="bench",
+                    background=False, seed=0)
+    try:
+        yield setup, adm
+    finally:
+        adm.close()
+        adm.redis.close()
+        setup.close()
+
+
+def run_facts(engine: str, version: str | None) -> dict[str, Any]:
+    """Where a run ran: the server, Python, the machine."""
+    return {"engine": engine, "version": version, "python": platform.python_version(),
+            "machine": f"{platform.machine()} {os.cpu_count()} cpu", "platform": platform.platform()}
 
 
 def percentile_usec(ns: Sequence[int], q: float) -> float:

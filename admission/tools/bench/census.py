@@ -1,20 +1,18 @@
 """``--census``: census and tick against the estimate (both must be flat in it)."""
 from __future__ import annotations
 
-import os
-import platform
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import redis
 
-from ...client import Admission, fail_fast_options
+from ...client import Admission
 from ...core import Core
 from ... import scripts
 from ..progress import NoBar, progress_bar
 from ..servers import LocalServer
-from .case import _check_pool, _fcall_stats, _run_pipelined, percentile_usec
+from .case import _check_pool, _fcall_stats, _run_pipelined, bench_clients, percentile_usec, run_facts
 from .output import report
 from .policy import BIG_ESTIMATE, MESH, POOL, bench_policy, lanes_table
 
@@ -90,26 +88,18 @@ def run_census(engine: str, lanes: Sequence[int], estimates: Sequence[int], iter
     cases = [CensusCase(l, e) for l in sorted(set(lanes)) for e in sorted(set(estimates))]
     started = time.perf_counter()
     with LocalServer(engine) as srv, progress_bar(2 * iterations * len(cases), progress) as bar:
-        setup = redis.Redis.from_url(srv.url)
-        adm = Admission(redis.Redis.from_url(srv.url, **fail_fast_options(socket_timeout=60)), mesh=MESH,
-                        pod="bench", background=False, seed=0)
-        try:
+        with bench_clients(srv.url, socket_timeout=60) as (setup, adm):
             scripts.load(setup)
             for case in cases:
                 bar.set_postfix_str(f"lanes={case.lanes} estimate={case.estimate}")
                 census_state(setup, adm, case.lanes, case.estimate)
                 measure_census(setup, adm, case, iterations, bar)
-        finally:
-            adm.close()
-            adm.redis.close()
-            setup.close()
         version = srv.version
     for case in cases:
         base = min((c for c in cases if c.lanes == case.lanes), key=lambda c: c.estimate)
         case.vs_smallest = case.census_usec / base.census_usec if base.census_usec else float("nan")
     return {
-        "engine": engine, "version": version, "python": platform.python_version(),
-        "machine": f"{platform.machine()} {os.cpu_count()} cpu", "platform": platform.platform(),
+        **run_facts(engine, version),
         "iterations": iterations, "elapsed_s": round(time.perf_counter() - started, 1),
         "census_cases": [asdict(c) for c in cases],
     }

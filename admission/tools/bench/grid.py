@@ -3,20 +3,18 @@ several pod processes."""
 from __future__ import annotations
 
 import itertools
-import os
-import platform
 import time
 from dataclasses import asdict
 from typing import Any, Sequence
 
 import redis
 
-from ...client import Admission, fail_fast_options
+from ...client import Admission
 from ... import scripts
 from ..progress import progress_bar
 from ..servers import LocalServer
 from ..stats import percentile
-from .case import FLOOR_LIBRARY, Case, Queue, empty_script_usec, fill_seats, measure
+from .case import FLOOR_LIBRARY, Case, Queue, bench_clients, empty_script_usec, fill_seats, measure, run_facts
 from .policy import (BIG_ESTIMATE, MESH, PODS_SECONDS, POOL, REFILL, TARGET_EXTRA, TARGET_FLAT_RATIO, bench_policy,
                      extra_target, lanes_table, server_target)
 
@@ -33,10 +31,7 @@ def run(engine: str, lanes: Sequence[int], seats: Sequence[int], waiters: Sequen
         (c.waiters + REFILL if c.waiters else 0) + iterations for c in grid)
     started = time.perf_counter()
     with LocalServer(engine) as srv, progress_bar(total, progress) as bar:
-        setup = redis.Redis.from_url(srv.url)
-        adm = Admission(redis.Redis.from_url(srv.url, **fail_fast_options()), mesh=MESH, pod="bench",
-                        background=False, seed=0)
-        try:
+        with bench_clients(srv.url) as (setup, adm):
             baseline = empty_script_usec(setup)
             scripts.load(setup)  # functions survive FLUSHALL
             setup.function_load(FLOOR_LIBRARY, replace=True)
@@ -54,17 +49,12 @@ def run(engine: str, lanes: Sequence[int], seats: Sequence[int], waiters: Sequen
             if pods:
                 bar.set_postfix_str(f"{pods} pod processes")
                 throughput = pods_throughput(setup, srv.url, pods, 7 if 7 in lanes else lanes[0], PODS_SECONDS)
-        finally:
-            adm.close()
-            adm.redis.close()
-            setup.close()
         version = srv.version
     for case in grid:
         base = min((c for c in grid if c.lanes == case.lanes), key=lambda c: (c.seats, c.waiters))
         case.vs_smallest = (case.admit_extra_p50 / base.admit_extra_p50) if base.admit_extra_p50 > 0 else float("nan")
     return {
-        "engine": engine, "version": version, "python": platform.python_version(),
-        "machine": f"{platform.machine()} {os.cpu_count()} cpu", "platform": platform.platform(),
+        **run_facts(engine, version),
         "iterations": iterations, "warmup": warmup, "empty_script_usec": baseline,
         "grid": {"lanes": list(lanes), "seats": list(seats), "waiters": list(waiters)},
         "targets": targets(grid), "elapsed_s": round(time.perf_counter() - started, 1),
