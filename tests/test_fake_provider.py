@@ -1,4 +1,4 @@
-"""The fake provider (admission/tools/fake_provider.py): the OpenAI and Anthropic protocols over real
+"""The fake provider (admission/tools/fake_provider/): the OpenAI and Anthropic protocols over real
 HTTP, parsed by the real SDKs, served by the simulator's provider model (its one source)."""
 from __future__ import annotations
 

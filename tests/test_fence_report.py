@@ -1,4 +1,4 @@
-"""The fence's fault-injection report (admission/tools/fence_report.py, docs/fence.md): a small seeded run
+"""The fence's fault-injection report (admission/tools/fence_report/, docs/fence.md): a small seeded run
 on every engine holds the invariant, each fault gives its own reasons, and the check can fail."""
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def test_the_command(tmp_path, capsys):
 
 def test_a_broken_comparison_fails_the_run(monkeypatch, capsys):
     """The negative control: a comparison that sees a changed primary makes the command exit 1."""
-    monkeypatch.setattr(fence_report, "unchanged", lambda before, after: False)
+    monkeypatch.setattr(fence_report.harness, "unchanged", lambda before, after: False)  # where the runs compare
     assert fence_report.main(["--intents", "6", "--engine", "fakeredis", "--fault", "stale-borrowed-health",
                               "--no-progress"]) == 1
     out = capsys.readouterr().out

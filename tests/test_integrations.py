@@ -1,6 +1,6 @@
 """The integrations (admission/integrations): the OpenAI and Anthropic SDK wrappers, the httpx
 transports and the decorator, over real HTTP against the fake provider
-(admission/tools/fake_provider.py) and on real Redis / Valkey (``server_url``).
+(admission/tools/fake_provider/) and on real Redis / Valkey (``server_url``).
 
 The fake provider runs at scale 100 (a round of 60 tokens takes about 10 ms); each test has its
 own provider and its own mesh. A test that needs 429s on demand patches the provider model's

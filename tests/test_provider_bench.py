@@ -132,7 +132,7 @@ def test_the_command_line_delegates():
 
 
 def test_a_mode_that_does_not_drain_in_the_bound_exits_1_with_one_line(capsys, monkeypatch):
-    monkeypatch.setattr(provider_bench, "bound_s", lambda s: 0.05)  # the pods get the bound from the parent
+    monkeypatch.setattr(provider_bench.parent, "bound_s", lambda s: 0.05)  # the pods get the bound from the parent
     rc = provider_bench.main(["--rounds", "8", "--pods", "1", "--capacity", "2", "--scale", "10",
                               "--engine", str(ENGINE), "--no-progress"])
     assert rc == 1

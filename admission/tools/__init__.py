@@ -6,8 +6,9 @@ import json
 from typing import Any
 
 
-def write_json(path: str, doc: Any) -> None:
-    """A tool's ``--json FILE``: the result, indented, one trailing newline."""
+def write_json(path: Any, doc: Any, indent: int = 2, default: Any = None) -> None:
+    """A tool's ``--json FILE``: the result, indented, one trailing newline (``default``: json's,
+    for what JSON does not know)."""
     with open(path, "w") as fh:
-        json.dump(doc, fh, indent=2)
+        json.dump(doc, fh, indent=indent, default=default)
         fh.write("\n")

@@ -7,10 +7,8 @@ import logging
 import sys
 import time
 
-import structlog
-
-from ..._log import show
 from ...scripts import library
+from ..logs import logs_to_stderr
 
 from . import report, scenarios
 from .load import sizes
@@ -39,19 +37,12 @@ def parser(prog: str = "admission simulate") -> argparse.ArgumentParser:
     return p
 
 
-def _quiet(verbose: bool) -> None:
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO if verbose else logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    show(logging.INFO if verbose else logging.WARNING, sys.stderr)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.runs < 1 or args.capacity < 1 or args.hours <= 0 or args.workers < 1:
         print("admission simulate: --runs, --capacity and --workers must be >= 1, --hours > 0", file=sys.stderr)
         return 2
-    _quiet(args.verbose)
+    logs_to_stderr(logging.INFO if args.verbose else logging.WARNING)
     names = scenarios.NAMES if args.scenario == "all" else (args.scenario,)
     jobs = [Job(name, pol, run, args.seed, args.capacity, args.hours, record=bool(args.plots) and run == 0)
             for name in names for pol in scenarios.make(name, args.capacity).policies for run in range(args.runs)]

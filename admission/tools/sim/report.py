@@ -2,11 +2,11 @@
 plots (matplotlib is optional: ``pip install admission[plots]``)."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Iterable
 
+from .. import write_json as write_tool_json
 from . import scenarios
 
 SCALARS = ("rate_limited", "cut", "stalled", "red_main_start_minutes", "red_main_behind", "tokens_per_s",
@@ -102,8 +102,9 @@ def collect(results: Iterable[tuple[Any, dict[str, Any], Any]], *, config: dict[
 
 
 def write_json(doc: dict[str, Any], path: str | Path) -> None:
+    """The simulator's JSON (numpy numbers as floats), its folder made when missing."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    write_tool_json(path, doc, indent=1, default=float)
 
 
 # -- the table --------------------------------------------------------------------------------
