@@ -68,6 +68,7 @@ import structlog
 
 from .._log import show
 from ..client import Admission, fail_fast_options
+from ..core import mesh_key
 from ..errors import AdmissionError, NoPolicy, StaleVersion, Unavailable, WaitTimeout
 from ..view import census_lines, estimate_state
 from .servers import LocalServer, find_server, free_port
@@ -499,7 +500,7 @@ class EventTail:
 
     @property
     def key(self) -> str:
-        return f"adm:{{{self.mesh}}}:events"
+        return mesh_key(self.mesh, "events")
 
     def start_now(self) -> None:
         sec, usec = self.client.time()
@@ -508,7 +509,7 @@ class EventTail:
         self._refused = self._refusal_totals()
 
     def _refusal_totals(self) -> dict[str, int]:
-        raw = self.client.hgetall(f"adm:{{{self.mesh}}}:totals")
+        raw = self.client.hgetall(mesh_key(self.mesh, "totals"))
         return {k: int(v) for k, v in ((_text(k), v) for k, v in raw.items()) if k.startswith("refused|")}
 
     def poll(self) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Sequence
 import redis
 
 from ...client import Admission, fail_fast_options
-from ...core import Call, Core
+from ...core import Call, Core, mesh_key
 from ... import scripts
 from ..progress import NoBar
 from ..stats import percentile
@@ -191,7 +191,7 @@ def add_waiters(setup: redis.Redis, adm: Admission, lanes: int, queue: Queue, co
 
 
 def _check_pool(setup: redis.Redis, running: int, waiting: int) -> None:
-    r, w = setup.hmget(f"adm:{{{MESH}}}:pool:{POOL}", "running", "waiting")
+    r, w = setup.hmget(mesh_key(MESH, "pool", POOL), "running", "waiting")
     if int(r or 0) != running or int(w or 0) != waiting:
         raise RuntimeError(f"bench setup: pool has running={r} waiting={w}, expected {running} and {waiting}")
 

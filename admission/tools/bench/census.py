@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import redis
 
 from ...client import Admission
-from ...core import Core
+from ...core import Core, mesh_key
 from ... import scripts
 from ..progress import NoBar, progress_bar
 from ..servers import LocalServer
@@ -40,7 +40,7 @@ def census_state(setup: redis.Redis, adm: Admission, lanes: int, estimate: int) 
     seats = (filler.admit(lane=n, model=POOL, round_id=f"s-{n}", draw=0.0, wait=False) for n in names)
     if not all(d.admitted for d in _run_pipelined(setup, seats, len(names), NoBar())):
         raise RuntimeError("bench census setup: a seat was refused")
-    key = f"adm:{{{MESH}}}:pool:{POOL}"
+    key = mesh_key(MESH, "pool", POOL)
     setup.hset(key, mapping={"est": 1, "exhausted": 1})  # full: the next ask queues
     waiter = filler.admit(lane=names[-1], model=POOL, round_id="w-0", draw=0.0, wait=True)
     if _run_pipelined(setup, iter([waiter]), 1, NoBar())[0].admitted:
@@ -52,7 +52,7 @@ def census_state(setup: redis.Redis, adm: Admission, lanes: int, estimate: int) 
 
 def measure_census(setup: redis.Redis, adm: Admission, case: CensusCase, iterations: int, progress) -> None:
     perf = time.perf_counter_ns
-    at_key = f"adm:{{{MESH}}}:census:at"
+    at_key = mesh_key(MESH, "census", "at")
     for name in ("census", "tick"):
         for _ in range(max(1, iterations // 10)):  # warm-up: library loaded, caches hot
             setup.delete(at_key)

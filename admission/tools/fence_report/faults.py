@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ...client import Admission
+from ...core import mesh_key
 from .clients import LossyRedis
 from .harness import FaultHarness
 from .planes import BORROWED, DEPTH_LIMIT, HEALTH_MAX_AGE, LANES, LEASE_TTL, PRIMARY, SEED_ESTIMATE, STEP, UNAVAILABLE
@@ -154,7 +155,7 @@ class FaultRun(FaultHarness):
             self.res.calls[f"re-ask: {d.reason}"] += 1
             same = (d.admitted and d.reason == "same-intent" and d.seat.seq == seq) if server[0] \
                 else (not d.admitted and d.reason == server[1])
-            running = int(self.client.hget(f"adm:{{{self.mesh}}}:pool:{BORROWED}", "running") or 0)
+            running = int(self.client.hget(mesh_key(self.mesh, "pool", BORROWED), "running") or 0)
             self.check("lost-replies: asked again, the intent is decided once", same and running <= 1,
                        f"intent {rid}: server decided {server}, re-ask -> {d.reason} seq "
                        f"{d.seat.seq if d.seat else '-'}, borrowed running {running}")

@@ -4,13 +4,14 @@ are FaultRun's (faults.py)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import time
 from typing import Any, Callable, Sequence
 
 from ... import doctor
 from ...client import Admission
-from ...core import Decision, Seat
+from ...core import Decision, Seat, mesh_key
 from ...errors import NotYourSeat, Unavailable
 from .clients import LossyRedis, State
 from .planes import (BORROW_RETRY_P, BORROWED, DEPTH_LIMIT, LANES, LEASE_TTL, MAX_DETAILS, PRIMARY, PRIMARY_HELD,
@@ -35,9 +36,9 @@ class FaultHarness:
         self.primary_seats: list[Seat] = []
         self.base_waiters = 0
         self.injected = False  # the current intent's
-        p = f"adm:{{{self.mesh}}}"
-        self.primary_keys = [f"{p}:pool:{PRIMARY}", f"{p}:lanes:{PRIMARY}", f"{p}:plane:{PRIMARY}",
-                             f"{p}:pinned:{PRIMARY}", *(f"{p}:wait:{PRIMARY}:{lane}" for lane in LANES)]
+        k = functools.partial(mesh_key, self.mesh)
+        self.primary_keys = [k("pool", PRIMARY), k("lanes", PRIMARY), k("plane", PRIMARY),
+                             k("pinned", PRIMARY), *(k("wait", PRIMARY, lane) for lane in LANES)]
         self.zsets = {k for k in self.primary_keys if ":wait:" in k or ":pinned:" in k}
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -95,7 +96,7 @@ class FaultHarness:
         return State(primary, left)
 
     def diff(self, before: State, after: State) -> str:
-        prefix = f"adm:{{{self.mesh}}}:"
+        prefix = mesh_key(self.mesh, "")
         out = [f"{k[len(prefix):]}: {before.primary[k]!r} -> {after.primary[k]!r}"
                for k in self.primary_keys if before.primary[k] != after.primary[k]]
         if before.left != after.left:
@@ -188,7 +189,7 @@ class FaultHarness:
         return r
 
     def retries_of(self, rid: str) -> int:
-        return int(self.client.hget(f"adm:{{{self.mesh}}}:intent:{rid}", "retries") or 0)
+        return int(self.client.hget(mesh_key(self.mesh, "intent", rid), "retries") or 0)
 
     def bind(self, adm: Admission, rid: str, rev: int, label: str = "bind") -> Any:
         b, _, _ = self.around(f"bind {rid} r{rev}", lambda: adm.bind(rid, rev, now=self.t))
@@ -217,7 +218,7 @@ class FaultHarness:
 
     # -- the run ---------------------------------------------------------------------------------
     def setup(self) -> None:
-        stale = list(self.client.scan_iter(match=f"adm:{{{self.mesh}}}:*", count=1000))
+        stale = list(self.client.scan_iter(match=mesh_key(self.mesh, "*"), count=1000))
         if stale:  # the report's own throw-away mesh, from an earlier run on this server
             self.client.delete(*stale)
         self.pod("sampler").apply_policy(fence_policy(), recovery_hold=False, now=self.t)

@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+from ...core import mesh_key
 from ...policy import TUNABLES
 from ..logs import quiet_logs
 from ..servers import LocalServer
@@ -82,7 +83,7 @@ class SlotWatch:
         import redis
 
         self.redis = redis.Redis.from_url(url, socket_timeout=5)
-        self.key = f"adm:{{{MESH}}}:pool:{POOL}"
+        self.key = mesh_key(MESH, "pool", POOL)
         self.max_est = float(TUNABLES["seed_estimate"][0])
 
     def poll(self) -> None:
@@ -92,7 +93,7 @@ class SlotWatch:
                 self.max_est = max(self.max_est, float(est))
 
     def finish(self) -> dict[str, Any]:
-        events = self.redis.xrange(f"adm:{{{MESH}}}:events")
+        events = self.redis.xrange(mesh_key(MESH, "events"))
         for _id, fields in events:
             if fields.get(b"kind") == b"grew" and fields.get(b"pool") == POOL.encode():
                 self.max_est = max(self.max_est, float(fields[b"est"]))

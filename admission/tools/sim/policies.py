@@ -17,6 +17,7 @@ from typing import Any
 from ... import Admission
 from ...alternatives import alternatives as alternatives_of
 from ...classify import outcome_of
+from ...core import mesh_key
 from ...policy import validate
 from . import model
 from .load import KEY_DAILY_LIMIT_USD
@@ -410,7 +411,7 @@ class Day(SeedAndGrow):
     def provider_state(self) -> dict[str, float | str]:
         """The provider's closure as the rules hold it (closedUntil, why, closedAt)."""
         mesh = next(iter(self.pods_of))
-        raw = self.client.hmget(f"adm:{{{mesh}}}:provider:{self.provider}", "closedUntil", "why", "closedAt")
+        raw = self.client.hmget(mesh_key(mesh, "provider", self.provider), "closedUntil", "why", "closedAt")
         until, why, at = (v.decode() if v is not None else "" for v in raw)
         return {"closedUntil": float(until or 0), "why": why, "closedAt": float(at or 0)}
 
