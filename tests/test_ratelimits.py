@@ -174,6 +174,18 @@ def test_anthropic_resets_as_rfc3339_times(reset, seconds):
     assert reading.get("itpm").reset_s == pytest.approx(seconds)
 
 
+def test_a_time_without_a_zone_is_utc_whatever_the_local_zone(monkeypatch):
+    import time
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        reading = read({"anthropic-ratelimit-input-tokens-reset": "2026-12-03T16:05:06"}, now=NOW)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert reading.get("itpm").reset_s == pytest.approx(6.0)
+
+
 def test_anthropic_429_on_output_tokens():
     reading = read(ANTHROPIC_429, 429, ANTHROPIC_429_BODY, now=NOW)
     assert reading.spent == "otpm" and reading.retry_after == 23
