@@ -49,6 +49,10 @@ def test_bench_quick_prints_the_figures(capsys, tmp_path):
     rows = [line for line in md.splitlines() if line.startswith("| ")]
     assert len(rows) == 1 + len(cases)  # header + one per case
     assert rows[0].startswith("| lanes | seats | waiters | admit−PING p50")
+    assert "admit ÷ floor" in rows[0]
+    ratios = result["targets"]["lanes_median_admit_over_floor"]
+    assert set(ratios) == {"1", "7"} and all(r > 0 for r in ratios.values())
+    assert "admit ÷ floor = the server's µs per admit over the floor's" in out
 
 
 def test_the_floor_function_leaves_the_mesh_untouched():

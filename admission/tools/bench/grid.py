@@ -67,8 +67,10 @@ def targets(grid: list[Case]) -> dict[str, Any]:
         return {"met": sum(ok), "cases": len(ok)}
 
     by_lanes: dict[int, list[float]] = {}
+    over_floor: dict[int, list[float]] = {}
     for c in grid:
         by_lanes.setdefault(c.lanes, []).append(c.admit_extra_p50)
+        over_floor.setdefault(c.lanes, []).append(admit_over_floor(c))
     return {
         "admit_extra": count([c.admit_extra_p50 <= extra_target(c.lanes) for c in grid]),
         "release_extra": count([c.release_extra_p50 <= TARGET_EXTRA for c in grid]),
@@ -76,7 +78,14 @@ def targets(grid: list[Case]) -> dict[str, Any]:
         "flat_seats_waiters": {**count([c.vs_smallest <= TARGET_FLAT_RATIO for c in grid]),
                                "max": max(c.vs_smallest for c in grid)},
         "lanes_median_admit_extra_p50": {str(k): percentile(v, 0.5) for k, v in sorted(by_lanes.items())},
+        "lanes_median_admit_over_floor": {str(k): percentile(v, 0.5) for k, v in sorted(over_floor.items())},
     }
+
+
+def admit_over_floor(c: Any) -> float:
+    """The server's µs per admit over the floor's, measured in the same server and run: how speed is
+    judged on a noisy machine (an absolute µs moves with the machine's load; the ratio much less)."""
+    return c.server_admit_usec / c.server_floor_usec if c.server_floor_usec > 0 else float("nan")
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ def report(head: str, columns: Sequence[str], rows: list[list[str]], notes: list
 
 
 COLUMNS = ("lanes", "seats", "waiters", "admit−PING p50", "p99", "release−PING p50", "p99", "floor−PING p50",
-           "PING p50", "server admit", "server release", "server floor", "vs smallest")
+           "PING p50", "server admit", "server release", "server floor", "admit ÷ floor", "vs smallest")
 
 
 def _mark(ok: bool) -> str:
@@ -33,6 +33,7 @@ def _row(c: dict[str, Any]) -> list[str]:
             f"{c['release_extra_p99']:.0f}", f"{c['floor_extra_p50']:.0f}", f"{c['ping_p50']:.0f}",
             f"{c['server_admit_usec']:.0f} {_mark(c['server_admit_usec'] <= server_target(lanes))}",
             f"{c['server_release_usec']:.0f}", f"{c['server_floor_usec']:.0f}",
+            f"{c['server_admit_usec'] / c['server_floor_usec']:.2f}×" if c["server_floor_usec"] > 0 else "–",
             f"{c['vs_smallest']:.2f}× {_mark(c['vs_smallest'] <= TARGET_FLAT_RATIO)}"]
 
 
@@ -62,6 +63,9 @@ def render(result: dict[str, Any], markdown: bool = False) -> str:
         f"{t['flat_seats_waiters']['max']:.2f}×)",
         "lanes (median admit−PING p50): " + ", ".join(
             f"{k} lanes {v:.0f} µs" for k, v in t["lanes_median_admit_extra_p50"].items()),
+        "admit ÷ floor = the server's µs per admit over the floor's, in the same server and run: how speed "
+        "is judged on this noisy machine (median by lanes: " + ", ".join(
+            f"{k} lanes {v:.2f}×" for k, v in t.get("lanes_median_admit_over_floor", {}).items()) + ")",
         "with waiters the measured round is the lane's oldest waiter, so its admit also removes its "
         "ticket (a few more commands than a newcomer's admit, none of them scanning the queue)",
     ]
