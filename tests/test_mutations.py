@@ -395,7 +395,7 @@ MUTATIONS = [
     ("a lane without a reserve has none", "apply_config.lua", "l.reserve = l.reserve or 0", "", "test_fuzz.py",
      "without_a_reserve"),
     ("a seq is a whole number", "include/seats.lua", "return check_whole('seq', s, nil, 1, MAX_SEQ)",
-     "return check_num('seq', s, nil, 1)", "test_fuzz.py", "seq_is_a_whole_number"),
+     "return Util.check_num('seq', s, nil, 1)", "test_fuzz.py", "seq_is_a_whole_number"),
     ("a caller's now is bounded", "include/util.lua", "if now > MAX_NOW then", "if false then", "test_fuzz.py",
      "callers_now_is_bounded"),
     ("a second apply keeps a running recovery hold", "apply_config.lua", "if running > now then hold = running end", "",
