@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from admission import ratelimits
 from admission.tools import fake_provider as fp
 from admission.tools.fake_provider import FakeProvider, FakeProviderServer
 from admission.tools.sim import model
@@ -438,3 +441,226 @@ def test_cli_bad_arguments_exit_2_with_one_line(args):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("admission fake-provider: ")
+
+
+# -- the rate ceilings (admission/tools/sim/ceilings.py) --------------------------------------------
+
+GO_DURATION = re.compile(r"(\d+h)?(\d+m)?(\d+(\.\d+)?s)?|\d+ms")
+
+
+@pytest.fixture
+def fast_rounds(monkeypatch):
+    """Rounds served at once: what the buckets count is then not blurred by the rounds' time."""
+    monkeypatch.setattr(model, "rate", lambda n, k: 1e9)
+
+
+def ask(c: httpx.Client, prompt_tokens: int, max_tokens: int, route: str = "openai") -> httpx.Response:
+    """A chat request whose prompt the provider counts as ``prompt_tokens`` (4 characters each)."""
+    messages = [{"role": "user", "content": "x" * (4 * prompt_tokens)}]
+    if route == "openai":
+        return c.post("/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                      json={"model": "m", "messages": messages, "max_tokens": max_tokens})
+    return c.post("/v1/messages", headers={"x-api-key": KEY},
+                  json={"model": "m", "messages": messages, "max_tokens": max_tokens})
+
+
+def bucket_state(srv: FakeProviderServer) -> dict:
+    p = srv.provider
+    return srv._call(lambda: p.scope(KEY, "m").state(p.provider_now()))
+
+
+def rate_limit_headers(r: httpx.Response) -> dict[str, str]:
+    return {k: v for k, v in r.headers.items() if "ratelimit" in k}
+
+
+def test_without_ceilings_no_rate_limit_headers_and_no_ceiling_stats():
+    with served() as (srv, url), httpx.Client(base_url=url) as c:
+        r = ask(c, 100, 10)
+        assert r.status_code == 200 and rate_limit_headers(r) == {}
+        assert "prompt_tokens_details" not in r.json()["usage"] and "ceilings" not in srv.stats()
+
+
+def test_openai_style_counts_prompt_plus_max_tokens_on_arrival_and_names_tpm(fast_rounds):
+    with served(ceilings={"rpm": 1000, "tpm": 10_000}, scale=1.0) as (srv, url), \
+            httpx.Client(base_url=url, timeout=20) as c:
+        r = ask(c, 1000, 5000)
+        assert r.status_code == 200
+        assert (r.json()["usage"]["prompt_tokens"], r.json()["usage"]["completion_tokens"]) == (1000, 5000)
+        reading = ratelimits.read(r.headers, now=time.time())
+        tpm, rpm = reading.get("tpm"), reading.get("rpm")
+        assert tpm.limit == 10_000 and 4000 <= tpm.remaining <= 4300  # 6,000 counted on arrival
+        assert rpm.limit == 1000 and rpm.remaining == 999
+        assert GO_DURATION.fullmatch(r.headers["x-ratelimit-reset-tokens"])
+        assert tpm.reset_s == pytest.approx((10_000 - tpm.remaining) / (10_000 / 60), abs=0.5)
+        state = bucket_state(srv)  # the headers are the buckets' state
+        assert abs(state["tpm"]["remaining"] - tpm.remaining) < 20 and state["rpm"]["limit"] == rpm.limit
+
+        r = ask(c, 1000, 5000)  # 6,000 asked, about 4,000 left
+        assert r.status_code == 429
+        text = r.json()["error"]["message"]
+        m = re.search(r"Rate limit reached for m in organization \S+ on tokens per min \(TPM\): "
+                      r"Limit 10000, Used (\d+), Requested 6000\. Please try again in ([\d.]+)s", text)
+        assert m and 5700 <= int(m[1]) <= 6000
+        ms = int(r.headers["retry-after-ms"])
+        assert 10_000 <= ms <= 12_100 and int(r.headers["retry-after"]) == math.ceil(ms / 1000)
+        assert float(m[2]) == pytest.approx(ms / 1000, abs=0.01)
+        assert r.json()["error"]["code"] == "rate_limit_exceeded"
+        reading = ratelimits.read(r.headers, 429, text, now=time.time())
+        assert reading.spent == "tpm" and reading.get("tpm").remaining < 6000  # headers on the 429 too
+        assert ratelimits.spent_ceiling(429, reading, text) == "tpm"
+
+        srv.set_faults({500: 1.0})  # every answer carries the headers
+        r = ask(c, 10, 10)
+        assert r.status_code == 500 and ratelimits.read(r.headers).get("tpm").limit == 10_000
+        srv.set_faults(None)
+        with pytest.raises(openai.RateLimitError) as exc:
+            oai(url).chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * 4000}],
+                                             max_tokens=5000)
+        assert ratelimits.read(exc.value.response.headers, 429, exc.value.message).spent == "tpm"
+        st = srv.stats()
+        assert st["ceilings"]["429"] == {"rpm": 0, "tpm": 2} and st["models"]["m"]["429"] == 2
+
+
+def test_anthropic_style_counts_no_cache_reads_and_the_output_when_produced(fast_rounds):
+    settings = {"ceilings": {"rpm": 50, "itpm": 20_000, "otpm": 2000}, "style": "anthropic",
+                "cache_read_share": 0.7, "cache_write_share": 0.1, "scale": 1.0}
+    with served(**settings) as (srv, url), httpx.Client(base_url=url, timeout=20) as c:
+        raw = ant(url).messages.with_raw_response.create(
+            model="m", max_tokens=500, messages=[{"role": "user", "content": "x" * 40_000}])
+        usage = raw.parse().usage
+        assert (usage.input_tokens, usage.cache_read_input_tokens, usage.cache_creation_input_tokens,
+                usage.output_tokens) == (2000, 7000, 1000, 500)
+        reading = ratelimits.read(raw.headers, now=time.time())
+        itpm, otpm, rpm = reading.get("itpm"), reading.get("otpm"), reading.get("rpm")
+        assert (itpm.limit, itpm.remaining, itpm.rounding) == (20_000, 17_000, 1000)  # 3,000 counted, not 10,000
+        assert (otpm.limit, otpm.remaining) == (2000, 1000)  # 1,500 rounded down to the thousand
+        assert (rpm.limit, rpm.remaining) == (50, 49)
+        assert 0 <= itpm.reset_s <= 10
+        st = srv.stats()["ceilings"]
+        assert st["used"]["itpm"]["total"] == 3000 and st["used"]["otpm"]["total"] == 500
+        assert st["used"]["rpm"]["total"] == 1
+
+        r = ask(c, 60_000, 10, route="anthropic")  # 18,000 counted of about 17,000 left
+        assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+        text = r.json()["error"]["message"]
+        assert "exceed your organization's rate limit of 20,000 input tokens per minute" in text
+        assert ratelimits.spent_ceiling(429, ratelimits.read(r.headers), text) == "itpm"
+        assert int(r.headers["retry-after"]) >= 1
+
+        assert ask(c, 10, 3000, route="anthropic").status_code == 200  # passes; its output is a debt
+        with pytest.raises(anthropic.RateLimitError) as exc:
+            ant(url).messages.create(model="m", max_tokens=10, messages=HELLO)
+        assert "rate limit of 2,000 output tokens per minute" in exc.value.message
+        assert int(exc.value.response.headers["retry-after"]) >= 30  # the debt of 1,500 at 33 a second
+        assert exc.value.response.headers["anthropic-ratelimit-output-tokens-remaining"] == "0"
+        assert srv.stats()["ceilings"]["429"] == {"rpm": 0, "itpm": 1, "otpm": 1}
+
+
+def test_buckets_refill_continuously_on_the_scaled_clock(fast_rounds):
+    # 60 RPM as one request a second of provider time; at scale 2, one every 500 ms real
+    with served(ceilings={"rpm": 60}, rpm_burst_s=1, scale=2.0) as (_, url), \
+            httpx.Client(base_url=url, timeout=20) as c:
+        assert ask(c, 10, 10).status_code == 200
+        r = ask(c, 10, 10)
+        first = int(r.headers["retry-after-ms"])
+        assert r.status_code == 429 and 0 < first <= 500
+        time.sleep(first / 2000)
+        r = ask(c, 10, 10)
+        half = int(r.headers["retry-after-ms"])
+        assert r.status_code == 429 and half <= first / 2 + 10  # refilled half-way: no fixed window
+        time.sleep(half / 1000 + 0.01)
+        r = ask(c, 10, 10)
+        assert r.status_code == 200 and r.headers["x-ratelimit-limit-requests"] == "60"
+
+
+def test_outside_traffic_spends_part_of_the_key(fast_rounds):
+    # 6,000 TPM of which 3,000 spent outside; at scale 60 a provider minute is a real second
+    with served(ceilings={"tpm": 6000}, outside={"tpm": 3000}, scale=60.0) as (srv, url), \
+            httpx.Client(base_url=url, timeout=20) as c:
+        r = ask(c, 1000, 5000)
+        assert r.status_code == 200
+        assert ratelimits.read(r.headers).get("tpm").reset_s == pytest.approx(2.0, abs=0.1)  # 6,000 at 3,000/s
+        r = ask(c, 1000, 2000)
+        assert r.status_code == 429
+        assert 700 <= int(r.headers["retry-after-ms"]) <= 1000  # 3,000 at 3,000/s: twice as long as alone
+        assert srv.stats()["ceilings"]["outside_per_minute"] == {"tpm": 3000}
+    with pytest.raises(ValueError, match="below the tpm limit"):
+        FakeProvider(ceilings={"tpm": 6000}, outside={"tpm": 6000})
+
+
+def test_the_daily_cap_holds_until_utc_midnight_of_the_provider_clock(fast_rounds):
+    midnight = (math.floor(time.time() / 86_400) + 1) * 86_400.0
+    with served(ceilings={"rpd": 3}, clock_start=midnight - 120, scale=60.0) as (srv, url), \
+            httpx.Client(base_url=url, timeout=20) as c:
+        for left in (2, 1, 0):
+            r = ask(c, 10, 10)
+            assert r.status_code == 200 and r.headers["x-ratelimit-remaining-requests"] == str(left)
+        r = ask(c, 10, 10)
+        assert r.status_code == 429 and "on requests per day (RPD): Limit 3, Used 3" in r.json()["error"]["message"]
+        reading = ratelimits.read(r.headers, 429, r.text, requests_per="day")
+        assert reading.spent == "rpd" and (reading.get("rpd").limit, reading.get("rpd").remaining) == (3, 0)
+        wait = int(r.headers["retry-after-ms"]) / 1000
+        assert 0.5 < wait <= 2.0 and reading.get("rpd").reset_s == pytest.approx(wait, abs=0.05)
+        time.sleep(wait + 0.05)
+        r = ask(c, 10, 10)  # a new UTC day
+        assert r.status_code == 200 and r.headers["x-ratelimit-remaining-requests"] == "2"
+        assert srv.stats()["ceilings"]["429"] == {"rpd": 1}
+
+
+def test_a_limit_lowered_mid_run_is_in_force_from_the_next_response(fast_rounds):
+    with served(ceilings={"tpm": 100_000}, scale=1.0) as (srv, url), httpx.Client(base_url=url, timeout=20) as c:
+        assert ask(c, 100, 10).headers["x-ratelimit-limit-tokens"] == "100000"
+        r = c.post("/admin/faults", json={"ceilings": {"tpm": 50_000}})
+        assert r.status_code == 200 and r.json()["ceilings"] == {"tpm": 50_000}
+        r = ask(c, 100, 10)
+        reading = ratelimits.read(r.headers)
+        assert reading.get("tpm").limit == 50_000 and reading.get("tpm").remaining < 50_000
+        r = ask(c, 50_000, 1000)  # more than the bucket holds: never fits, no retry-after
+        text = r.json()["error"]["message"]
+        assert r.status_code == 429 and "retry-after" not in r.headers
+        assert text.startswith("Request too large for m") and "Limit 50000, Requested 51000" in text
+        assert ratelimits.spent_ceiling(429, None, text) == "tpm"
+        assert c.post("/admin/faults", json={"ceilings": {"tpm": -1}}).status_code == 400
+        assert c.post("/admin/faults", json={"ceilings": [1]}).status_code == 400
+        assert srv.stats()["ceilings"]["limits"] == {"tpm": 50_000}  # a refused change changes nothing
+        assert c.post("/admin/faults", json={"outside": {"tpm": 10_000}, "ceilings": {"rpm": 30}}).status_code == 200
+        st = srv.stats()["ceilings"]
+        assert st["limits"] == {"rpm": 30, "tpm": 50_000} and st["outside_per_minute"] == {"tpm": 10_000}
+        assert ask(c, 100, 10).headers["x-ratelimit-limit-requests"] == "30"
+        srv.configure(ceilings={"tpm": None, "rpm": None})
+        assert rate_limit_headers(ask(c, 100, 10)) == {}
+
+
+def test_stats_count_each_limits_use_per_provider_minute_and_429s_per_ceiling(fast_rounds):
+    with served(ceilings={"rpm": 100, "tpm": 10_000}, scale=30.0) as (srv, url), \
+            httpx.Client(base_url=url, timeout=20) as c:
+        assert [ask(c, 1000, 1000).status_code for _ in range(2)] == [200, 200]
+        assert ask(c, 1000, 9000).status_code == 429   # 10,000 asked of about 6,000
+        while srv.stats()["ceilings"]["provider_minute"] < 1:
+            time.sleep(0.02)
+        assert ask(c, 1000, 1000).status_code == 200
+        st = srv.stats()
+        ceil = st["ceilings"]
+        assert ceil["used"]["tpm"]["per_minute"][:2] == [4000, 2000] and ceil["used"]["tpm"]["total"] == 6000
+        assert ceil["used"]["rpm"]["per_minute"][:2] == [2, 1]
+        assert ceil["429"] == {"rpm": 0, "tpm": 1} and ceil["real_s_per_minute"] == 2.0
+        scope = ceil["scopes"][f"{KEY[:8]}/m"]
+        assert scope["429"] == {"rpm": 0, "tpm": 1} and scope["state"]["tpm"]["limit"] == 10_000
+        assert st["models"]["m"]["429"] == 1 and st["models"]["m"]["200"] == 3
+        srv.reset()
+        assert srv.stats()["ceilings"]["used"]["tpm"]["total"] == 0
+
+
+def test_cli_ceiling_options_build_the_server_and_bad_ones_exit_2(capsys):
+    args = fp.cli._arguments().parse_args(["--rpm", "50", "--itpm", "30_000", "--otpm", "8000", "--style",
+                                           "anthropic", "--outside-tpm", "9000", "--cache-read-share", "0.7",
+                                           "--rpm-burst-s", "1", "--clock-start", "2026-12-03T23:59:00Z"])
+    p = fp.server_from_args(args).provider
+    assert p.ceilings.limits == {"rpm": 50, "itpm": 30_000, "otpm": 8000} and p.ceilings.style == "anthropic"
+    assert p.ceilings.outside == {"tpm": 9000} and p.ceilings.rpm_burst_s == 1 and p.cache_read_share == 0.7
+    assert p.clock_start == 1_796_342_340.0  # 2026-12-03T23:59:00Z
+    for bad in (["--style", "azure"], ["--tpm", "-5"], ["--tpm", "100", "--outside-tpm", "100"],
+                ["--clock-start", "soon"], ["--cache-read-share", "2"]):
+        assert fp.main(["--port", "0", *bad]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("admission fake-provider: ")

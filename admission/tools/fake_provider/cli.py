@@ -6,9 +6,11 @@ import asyncio
 import logging
 import signal
 import sys
+from datetime import datetime, timezone
 from typing import Sequence
 
-from ..arguments import OneLineParser, UsageError
+from ..arguments import OneLineParser, UsageError, positive_float
+from ..sim import ceilings
 from .server import FakeProviderServer
 from .statuses import FAULT_STATUSES
 
@@ -26,6 +28,42 @@ def _pair(text: str, what: str) -> tuple[str, float]:
         raise UsageError(f"{what} must be NAME=NUMBER, got {text!r}") from None
 
 
+def _unix_time(text: str) -> float:
+    """Unix seconds, or an ISO 8601 time (UTC without a zone)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected Unix seconds or an ISO 8601 time, got {text!r}") from None
+    return (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def _ceiling_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("rate ceilings (per API key and model; none: no ceiling, no rate-limit headers)")
+    for kind in ceilings.KINDS:
+        words, abbrev, _, _ = ceilings.NAMES[kind]
+        g.add_argument(f"--{kind}", type=positive_float, default=None, metavar="N",
+                       help=f"{words.replace('min', 'minute')} ({abbrev})")
+    g.add_argument("--style", choices=ceilings.STYLES, default="openai",
+                   help="how tokens are counted and which headers are sent (default openai)")
+    g.add_argument("--outside-tpm", type=float, default=0.0, metavar="N",
+                   help="tokens per minute spent on the key from outside the mesh (tpm, itpm, tpd)")
+    g.add_argument("--outside-rpm", type=float, default=0.0, metavar="N",
+                   help="requests per minute spent on the key from outside the mesh (rpm, rpd)")
+    g.add_argument("--rpm-burst-s", type=positive_float, default=ceilings.MINUTE, metavar="S",
+                   help="the request bucket holds S seconds of its rate (default 60: the limit; "
+                        "1: 60 RPM as one request a second)")
+    g.add_argument("--cache-read-share", type=float, default=0.0, metavar="P",
+                   help="share of the input read from the cache (not counted against ITPM)")
+    g.add_argument("--cache-write-share", type=float, default=0.0, metavar="P",
+                   help="share of the input written to the cache (counted against ITPM)")
+    g.add_argument("--clock-start", type=_unix_time, default=None, metavar="TIME",
+                   help="the provider's clock at start (Unix seconds or ISO 8601; default now): its UTC days")
+
+
 def _arguments() -> argparse.ArgumentParser:
     p = OneLineParser(prog="admission fake-provider", description=DESCRIPTION)
     p.add_argument("--host", default="127.0.0.1")
@@ -41,6 +79,7 @@ def _arguments() -> argparse.ArgumentParser:
                    help=f"inject STATUS (one of {', '.join(map(str, FAULT_STATUSES))}) with probability P")
     p.add_argument("--overloaded-share", type=float, default=0.0, help="share of the 429s sent as 529")
     p.add_argument("--retry-after-max", type=float, default=60.0, help="cap of retry-after, real s")
+    _ceiling_arguments(p)
     return p
 
 
@@ -53,7 +92,11 @@ def server_from_args(args: argparse.Namespace) -> FakeProviderServer:
     return FakeProviderServer(capacity=args.capacity, models=models, scale=args.scale, seed=args.seed,
                               tokens=args.tokens, price_per_1k=args.price_per_1k, key_limit_usd=args.key_limit_usd,
                               faults=faults, overloaded_share=args.overloaded_share,
-                              retry_after_max=args.retry_after_max, host=args.host, port=args.port)
+                              retry_after_max=args.retry_after_max, host=args.host, port=args.port,
+                              ceilings={kind: getattr(args, kind) for kind in ceilings.KINDS}, style=args.style,
+                              outside={"tpm": args.outside_tpm, "rpm": args.outside_rpm},
+                              rpm_burst_s=args.rpm_burst_s, cache_read_share=args.cache_read_share,
+                              cache_write_share=args.cache_write_share, clock_start=args.clock_start)
 
 
 async def _serve_until_signal(srv: FakeProviderServer) -> None:

@@ -13,7 +13,9 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..sim import ceilings as ceiling_model
 from ..sim import model
+from .rate_headers import rate_headers
 from .statuses import ERRORS, FAULT_STATUSES, STATUS_KEYS, _status_key
 
 MAX_TOKENS = 100_000              # a round's completion tokens are capped here
@@ -78,6 +80,8 @@ class Outcome:
     message: str = ""
     tokens: int = 0
     headers: dict[str, str] = field(default_factory=dict)
+    prompt: ceiling_model.Prompt | None = None  # the input as counted, when a cache share is set
+    ceiling: str | None = None                  # the ceiling a 429 spent
 
     def __post_init__(self) -> None:
         if not self.message and self.status != 200:
@@ -190,6 +194,11 @@ class _Pool:
         self.task = None
 
 
+def check_ceilings(limits: dict | None = None, style: str = "openai", outside: dict | None = None,
+                   rpm_burst_s: Any = ceiling_model.MINUTE) -> ceiling_model.Config:
+    return ceiling_model.check_config(limits, style, outside, rpm_burst_s)
+
+
 def retry_headers(seconds: float) -> dict[str, str]:
     """``retry-after`` in whole seconds (at least 1) and ``retry-after-ms``."""
     return {"retry-after": str(max(1, math.ceil(seconds))), "retry-after-ms": str(math.ceil(seconds * 1000))}
@@ -202,7 +211,10 @@ class FakeProvider:
     def __init__(self, capacity: float = 12, models: dict[str, float] | None = None, scale: float = 1.0,
                  seed: int | None = None, tokens: int = 600, price_per_1k: float = 0.01,
                  key_limit_usd: float | None = None, faults: dict | None = None,
-                 overloaded_share: float = 0.0, retry_after_max: float = 60.0):
+                 overloaded_share: float = 0.0, retry_after_max: float = 60.0,
+                 ceilings: dict | None = None, style: str = "openai", outside: dict | None = None,
+                 rpm_burst_s: float = ceiling_model.MINUTE, cache_read_share: float = 0.0,
+                 cache_write_share: float = 0.0, clock_start: float | None = None):
         self.capacity = _positive("capacity", capacity)
         self.models = check_capacities(models)
         self.scale = _positive("scale", scale)
@@ -216,8 +228,17 @@ class FakeProvider:
         self.faults = check_faults(faults)
         self.overloaded_share = _share("overloaded share", overloaded_share)
         self.retry_after_max = _positive("retry-after max", retry_after_max)
+        self.ceilings = check_ceilings(ceilings, style, outside, rpm_burst_s)
+        self.cache_read_share = _share("cache read share", cache_read_share)
+        self.cache_write_share = _share("cache write share", cache_write_share)
+        if self.cache_read_share + self.cache_write_share > 1.0:
+            raise ValueError("the cache read and write shares add up to more than 1")
         self.rng = random.Random(seed)
+        self.clock_start = time.time() if clock_start is None else float(clock_start)
+        if not math.isfinite(self.clock_start):
+            raise ValueError(f"clock start must be a finite Unix time, got {clock_start!r}")
         self.t0 = time.monotonic()
+        self.scopes: dict[tuple[str, str], ceiling_model.KeyCeilings] = {}  # (API key, model) -> buckets
         self.pools: dict[str, _Pool] = {}
         self.keys: dict[str, model.ProviderKey] = {}
         self.rejected: Counter[str] = Counter()   # answered before a pool was chosen (400, 401, ...)
@@ -232,6 +253,10 @@ class FakeProvider:
     def sim(self) -> float:
         return (time.monotonic() - self.t0) * self.scale
 
+    def provider_now(self) -> float:
+        """The provider's clock (Unix-like seconds, scaled): its ceilings' minutes and UTC days."""
+        return self.clock_start + self.sim()
+
     async def _sleep(self, sim_seconds: float) -> None:
         await asyncio.sleep(sim_seconds / self.scale)
 
@@ -245,6 +270,22 @@ class FakeProvider:
         if api_key not in self.keys:
             self.keys[api_key] = model.ProviderKey(self.key_limit_usd, self.price_per_1k)
         return self.keys[api_key]
+
+    def scope(self, api_key: str, model_name: str) -> ceiling_model.KeyCeilings | None:
+        """The ceilings' buckets of one key and model (None while no ceiling is configured)."""
+        if not self.ceilings.active:
+            return None
+        if (api_key, model_name) not in self.scopes:
+            self.scopes[api_key, model_name] = ceiling_model.KeyCeilings(self.ceilings, self.provider_now(),
+                                                                         origin=self.clock_start)
+        return self.scopes[api_key, model_name]
+
+    def ceiling_headers(self, api_key: str, model_name: str) -> dict[str, str]:
+        """The rate-limit headers of the style for this key and model, now ({} without ceilings)."""
+        scope = self.scope(api_key, model_name)
+        if scope is None:
+            return {}
+        return rate_headers(self.ceilings.style, scope.state(self.provider_now()), self.scale, time.time())
 
     def _moved(self, pool: _Pool) -> None:
         """n changed in ``pool``: the pool's track and the total's."""
@@ -266,6 +307,7 @@ class FakeProvider:
         pool.counts[_status_key(out.status)] += 1
         if out.status == 200:
             pool.tokens += out.tokens
+        out.headers.update(self.ceiling_headers(key, model_name))
         return out
 
     async def _decide(self, pool: _Pool, key: str, tokens: int, prompt_tokens: int) -> Outcome:
@@ -273,6 +315,10 @@ class FakeProvider:
         if not account.open(time.time()):
             await self._sleep(self.rng.uniform(0.0, model.KEY_REFUSAL_WITHIN))
             return Outcome(model.KEY_LIMIT_STATUS, model.KEY_LIMIT_MESSAGE)
+        prompt = ceiling_model.split_prompt(prompt_tokens, self.cache_read_share, self.cache_write_share)
+        scope = self.scope(key, pool.pm.name)
+        if scope is not None and (refusal := scope.admit(prompt, tokens, self.provider_now())) is not None:
+            return self._over_ceiling(pool, refusal)
         fault = self._draw_fault()
         if fault:
             await self._sleep(FAULT_DELAY)
@@ -283,7 +329,18 @@ class FakeProvider:
         if not await pool.serve(tokens):
             return Outcome(504, f"Gateway timeout: the round ran past {model.ROUND_CAP:g} s and was cut")
         account.bill(tokens + prompt_tokens, pool.pm.name, time.time())
-        return Outcome(200, tokens=tokens)
+        if scope is not None:
+            scope.complete(tokens, self.provider_now())
+        cached = self.cache_read_share > 0 or self.cache_write_share > 0
+        return Outcome(200, tokens=tokens, prompt=prompt if cached else None)
+
+    def _over_ceiling(self, pool: _Pool, refusal: ceiling_model.Refusal) -> Outcome:
+        """A 429 naming the ceiling, at once, with retry-after until the request would fit (none
+        when it never can)."""
+        real_wait = refusal.wait_s / self.scale
+        message = ceiling_model.refusal_message(self.ceilings.style, refusal, pool.pm.name, real_wait)
+        headers = retry_headers(real_wait) if math.isfinite(real_wait) else {}
+        return Outcome(429, message, headers=headers, ceiling=refusal.kind)
 
     def _draw_fault(self) -> int | None:
         if not self.faults:
@@ -307,9 +364,12 @@ class FakeProvider:
         self.faults = check_faults(faults)
 
     def configure(self, faults: dict | None = None, key_limit_usd: Any = ..., capacity: Any = None,
-                  overloaded_share: float | None = None) -> None:
+                  overloaded_share: float | None = None, ceilings: dict | None = None,
+                  outside: dict | None = None, style: str | None = None) -> None:
         """Change the settings at runtime (``...``/None: unchanged). ``capacity`` is a number
-        (the default and every pool) or ``{model: K}``. Everything is checked before anything
+        (the default and every pool) or ``{model: K}``. ``ceilings`` ``{kind: limit}`` and
+        ``outside`` ``{"tpm"|"rpm": per minute}`` change the kinds they name (a None limit removes
+        that ceiling); a lowered limit is in force at once. Everything is checked before anything
         changes."""
         new_faults = None if faults is None else check_faults(faults)
         limit = self.key_limit_usd if key_limit_usd is ... else check_key_limit(key_limit_usd)
@@ -320,8 +380,15 @@ class FakeProvider:
         elif capacity is not None:
             self.capacity = _positive("capacity", capacity)
             caps = {name: self.capacity for name in self.pools}
+        limits = {**self.ceilings.limits, **(ceilings or {})}
+        rates = {**self.ceilings.outside, **(outside or {})}
+        new_ceilings = check_ceilings(limits, style or self.ceilings.style, rates, self.ceilings.rpm_burst_s)
         if new_faults is not None:
             self.faults = new_faults
+        self.ceilings = new_ceilings
+        now_p = self.provider_now()
+        for scope in self.scopes.values():
+            scope.reconfigure(new_ceilings, now_p)
         self.overloaded_share = share
         self.key_limit_usd = limit
         for account in self.keys.values():
@@ -339,8 +406,12 @@ class FakeProvider:
             pool.track.reset(now)
         self.total.reset(now)
         self.rejected.clear()
+        for scope in self.scopes.values():
+            scope.used = {kind: ceiling_model.Tally(scope.origin) for kind in scope.used}
+            scope.refused = {kind: 0 for kind in scope.refused}
         if keys:
             self.keys.clear()
+            self.scopes.clear()
 
     def close(self) -> None:
         """Stop the pools' schedulers (the server does it when it stops)."""
@@ -378,11 +449,42 @@ class FakeProvider:
             row["spent_usd"] = round(row["spent_usd"] + account.spent, 9)
         return out
 
+    def _ceiling_stats(self) -> dict[str, Any]:
+        now = self.provider_now()
+        cfg = self.ceilings
+        scopes: dict[str, dict] = {}
+        used: dict[str, dict] = {}
+        refused: dict[str, int] = {}
+        for (api_key, model_name), scope in self.scopes.items():
+            name = f"{api_key[:8]}/{model_name}"
+            while name in scopes:  # two keys alike in their first 8 characters
+                name += "+"
+            scope_used = {kind: {"total": t.total, "first_minute": t.first, "per_minute": list(t.per_minute)}
+                          for kind, t in scope.used.items()}
+            scopes[name] = {"state": scope.state(now), "used": scope_used, "429": dict(scope.refused)}
+            for kind, t in scope.used.items():
+                row = used.setdefault(kind, {"total": 0.0, "per_minute": []})
+                row["total"] += t.total
+                minutes = [0.0] * t.first + t.per_minute
+                row["per_minute"] += [0.0] * (len(minutes) - len(row["per_minute"]))
+                for i, x in enumerate(minutes):
+                    row["per_minute"][i] += x
+            for kind, n in scope.refused.items():
+                refused[kind] = refused.get(kind, 0) + n
+        return {"style": cfg.style, "limits": dict(cfg.limits), "outside_per_minute": dict(cfg.outside),
+                "rpm_burst_s": cfg.rpm_burst_s, "cache_read_share": self.cache_read_share,
+                "cache_write_share": self.cache_write_share, "clock_start": self.clock_start,
+                "provider_minute": int((now - self.clock_start) // ceiling_model.MINUTE),
+                "real_s_per_minute": ceiling_model.MINUTE / self.scale,
+                "429": {kind: refused.get(kind, 0) for kind in cfg.limits} | refused, "used": used,
+                "scopes": scopes}
+
     def stats(self) -> dict[str, Any]:
         """Per model and in total, the keys' spend today, and the settings (the module's docstring)."""
         now = self.real()
         per_model = {name: self._pool_stats(pool, now) for name, pool in self.pools.items()}
-        return {"models": per_model, "total": self._total_stats(per_model, now), "keys": self._key_stats(),
+        extra = {"ceilings": self._ceiling_stats()} if self.ceilings.active or self.scopes else {}
+        return {**extra, "models": per_model, "total": self._total_stats(per_model, now), "keys": self._key_stats(),
                 "rejected": dict(self.rejected), "scale": self.scale, "uptime_s": round(now - self.t0, 3),
                 "default_capacity": self.capacity, "faults": {str(k): v for k, v in self.faults.items()},
                 "overloaded_share": self.overloaded_share, "key_limit_usd": self.key_limit_usd,

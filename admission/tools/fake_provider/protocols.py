@@ -105,8 +105,10 @@ def openai_answer(ask: Ask, out: Outcome) -> tuple[bytes, str]:
     """A chat.completion object, or its chunk stream."""
     cid, created, text = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), filler(out.tokens)
     finish = "length" if ask.capped else "stop"
-    usage = {"prompt_tokens": ask.prompt_tokens, "completion_tokens": out.tokens,
-             "total_tokens": ask.prompt_tokens + out.tokens}
+    usage: dict[str, Any] = {"prompt_tokens": ask.prompt_tokens, "completion_tokens": out.tokens,
+                             "total_tokens": ask.prompt_tokens + out.tokens}
+    if out.prompt is not None:  # a cache share is set: what was read from the cache
+        usage["prompt_tokens_details"] = {"cached_tokens": out.prompt.cache_read}
     if not ask.stream:
         body = {"id": cid, "object": "chat.completion", "created": created, "model": ask.model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
@@ -134,7 +136,10 @@ def anthropic_answer(ask: Ask, out: Outcome) -> tuple[bytes, str]:
     """A message object, or its event stream."""
     mid, text = f"msg_{uuid.uuid4().hex[:24]}", filler(out.tokens)
     stop = "max_tokens" if ask.capped else "end_turn"
-    usage = {"input_tokens": ask.prompt_tokens, "output_tokens": out.tokens}
+    usage: dict[str, Any] = {"input_tokens": ask.prompt_tokens, "output_tokens": out.tokens}
+    if out.prompt is not None:  # a cache share is set: input_tokens is then the uncached part
+        usage = {"input_tokens": out.prompt.uncached, "cache_creation_input_tokens": out.prompt.cache_creation,
+                 "cache_read_input_tokens": out.prompt.cache_read, "output_tokens": out.tokens}
     message = {"id": mid, "type": "message", "role": "assistant", "model": ask.model,
                "content": [{"type": "text", "text": text}], "stop_reason": stop, "stop_sequence": None,
                "usage": usage}

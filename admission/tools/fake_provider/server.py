@@ -24,10 +24,12 @@ class FakeProviderServer:
     def __init__(self, capacity: float = 12, models: dict[str, float] | None = None, scale: float = 1.0,
                  seed: int | None = None, tokens: int = 600, price_per_1k: float = 0.01,
                  key_limit_usd: float | None = None, faults: dict | None = None, overloaded_share: float = 0.0,
-                 retry_after_max: float = 60.0, host: str = "127.0.0.1", port: int = 0):
+                 retry_after_max: float = 60.0, host: str = "127.0.0.1", port: int = 0, **ceilings: Any):
+        """``ceilings``: the rate ceilings' settings of ``FakeProvider`` (``ceilings``, ``style``,
+        ``outside``, ``rpm_burst_s``, ``cache_read_share``, ``cache_write_share``, ``clock_start``)."""
         self.provider = FakeProvider(capacity=capacity, models=models, scale=scale, seed=seed, tokens=tokens,
                                      price_per_1k=price_per_1k, key_limit_usd=key_limit_usd, faults=faults,
-                                     overloaded_share=overloaded_share, retry_after_max=retry_after_max)
+                                     overloaded_share=overloaded_share, retry_after_max=retry_after_max, **ceilings)
         self.host, self.port = host, int(port)
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -241,16 +243,20 @@ class FakeProviderServer:
         if out.status != 200:
             return Response(out.status, error_body(protocol, out.status, out.message), headers=out.headers)
         body, ctype = (openai_answer if protocol == "openai" else anthropic_answer)(ask, out)
-        return Response(200, body, ctype)
+        return Response(200, body, ctype, headers=out.headers)
 
     def _admin_faults(self, raw: bytes) -> Response:
         try:
             doc = json.loads(raw or b"{}")
             if not isinstance(doc, dict):
                 raise ValueError("the body must be a JSON object")
-            settings = {k: doc[k] for k in ("faults", "key_limit_usd", "capacity", "overloaded_share") if k in doc}
+            settings = {k: doc[k] for k in ("faults", "key_limit_usd", "capacity", "overloaded_share", "ceilings",
+                                            "outside", "style") if k in doc}
             if "faults" in settings and not isinstance(settings["faults"], dict):
                 raise ValueError("faults must be an object {status: probability}")
+            for name in ("ceilings", "outside"):
+                if name in settings and not isinstance(settings[name], dict):
+                    raise ValueError(f"{name} must be an object {{kind: per minute or day}}")
             if "faults" in settings:
                 settings["faults"] = settings["faults"] or {}
             self.provider.configure(**settings)
@@ -259,7 +265,9 @@ class FakeProviderServer:
         p = self.provider
         return _json(200, {"faults": {str(k): v for k, v in p.faults.items()}, "key_limit_usd": p.key_limit_usd,
                            "overloaded_share": p.overloaded_share, "default_capacity": p.capacity,
-                           "capacity": {name: pool.pm.k for name, pool in p.pools.items()}})
+                           "capacity": {name: pool.pm.k for name, pool in p.pools.items()},
+                           "ceilings": dict(p.ceilings.limits), "outside": dict(p.ceilings.outside),
+                           "style": p.ceilings.style})
 
     def _admin_reset(self, raw: bytes) -> Response:
         try:

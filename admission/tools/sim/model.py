@@ -21,6 +21,9 @@ within a second — a new round at its first request, a running round at its nex
 00:00 UTC, when the count starts again at zero. The requests in flight when the count reaches the
 limit complete and are billed: that is the provider's own overshoot.
 
+The providers' rate ceilings (requests and tokens per minute and per day, their two counting
+styles, outside traffic on the same key) are the model's too, in ``ceilings`` beside this module.
+
 Nothing here draws a random number: the engine draws from the run's Generator and passes it in.
 """
 from __future__ import annotations
