@@ -573,7 +573,7 @@ MUTATIONS += [
      "test_rules_moves.py", "needs_a_parent"),
     ("delegated is counted", "admit.lua", "delegated = delegated and parent or ''", "delegated = ''",
      "test_rules_moves.py", "delegated_round_is_admitted"),
-    ("closure moves a delegated round", "admit.lua", "    if g then return false, g, false, p end\n", "",
+    ("closure moves a delegated round", "admit.lua", "    if g and g ~= 'probe' then return false, g, false, p end\n", "",
      "test_rules_moves.py", "closure_moves_a_delegated or closure_refuses_a_pinned"),
     ("lane of agent", "include/config.lua", "local own = agent ~= nil and agent ~= '' and cfg.moves.agents[agent]",
      "local own = nil", "test_rules_moves.py", "lane_of_agent"),
