@@ -359,10 +359,13 @@ class Core:
             draw = self._uniform()
         elif isinstance(draw, bool) or not isinstance(draw, (int, float)) or not 0 <= draw < 1:
             raise BadArgument(f"draw must be a number in [0, 1), got {draw!r}")
+        # the declarations, then the ranking; with neither the call stops at ARGV[12], the call an
+        # older library takes too (bench --against)
+        tail = [_declared("input_tokens", input_tokens), _declared("max_tokens", max_tokens),
+                *(() if borrow else alternatives)]
         args = [round_id, lane or "", model, self.pod, agent or "", _now(now), repr(float(draw)),
                 "1" if wait and not borrow else "0", parent or "", _revision(revision, required=False),
-                borrow or "", _tokens(tokens), _declared("input_tokens", input_tokens),
-                _declared("max_tokens", max_tokens), *(() if borrow else alternatives)]
+                borrow or "", _tokens(tokens), *(tail if any(tail) else ())]
 
         def decode(r):
             status, reason, pool, rid, seq, lane_, est, running, slots, version, at, holder, asked, stats = r[:14]

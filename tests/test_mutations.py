@@ -19,6 +19,28 @@ TESTS = Path(__file__).resolve().parent
 
 # (rule, file, text to find, replacement, test file, -k expression of the tests that must fail)
 MUTATIONS = [
+    # the rate ceilings (lua/include/ceilings.lua, docs/design.md §9)
+    ('ceilings: a bucket refills continuously', 'include/ceilings.lua', 'if now > from then level = level + (now - from) * rate end', '', 'test_rules_ceilings.py', 'refills_continuously'),
+    ('ceilings: a request bucket holds burst_s of rate', 'include/ceilings.lua', 'return rate, math.max(1, rate * c.burst_s)', 'return rate, 1', 'test_rules_ceilings.py', 'burst_s'),
+    ('ceilings: a round larger than a bucket passes when it is full', 'include/ceilings.lua', 'local need = math.min(cost(l, res), b.cap[l])', 'local need = cost(l, res)', 'test_rules_ceilings.py', 'larger_than_a_bucket'),
+    ('ceilings: the wait is the shortfall over the refill rate', 'include/ceilings.lua', '(need - level) / b.rate[l]', '(need - level)', 'test_rules_ceilings.py', 'names_the_ceiling or refills_continuously'),
+    ('ceilings: every bucket is debited together or none', 'admit.lua', '  if limit and not delegated then\n    r.wait_s = wait', '  if limit and not delegated then\n    debit(b, res)\n    r.wait_s = wait', 'test_rules_ceilings.py', 'together_or_none'),
+    ('ceilings: a pool is held by its own scope', 'admit.lua', 'local scope = r.cfg.scope_of[pool]', 'local scope = r.cfg.scope_of[r.asked]', 'test_rules_ceilings.py', 'moves_to_another_scope'),
+    ('ceilings: a daily cap spent closes the scope', 'include/ceilings.lua', "if b.level.rpd and b.level.rpd + EPS < 1 then close_scope(b, 'rpd')", "if false then close_scope(b, 'rpd')", 'test_rules_ceilings.py', 'daily_cap'),
+    ('ceilings: a daily bucket is full again at midnight', 'include/ceilings.lua', '(DAILY[l] and tonumber(h.day) ~= day)', 'false', 'test_rules_ceilings.py', 'daily_cap'),
+    ('ceilings: reconcile refunds and charges the difference', 'include/ceilings.lua', 'if not REQUESTS[l] then b.level[l] = math.min(b.cap[l], v - cost(l, res)) end', '', 'test_rules_ceilings.py', 'reconcile'),
+    ('ceilings: cache reads count only with cache_reads_count', 'include/ceilings.lua', '(c.cache_reads_count and u.reads or 0)', 'u.reads', 'test_rules_ceilings.py', 'reconcile'),
+    ('ceilings: max_tokens keeps the answer budget counted', 'include/ceilings.lua', "if c.output_charge == 'max_tokens' and budget then out = math.max(budget, u.output) end", '', 'test_rules_ceilings.py', 'max_tokens_charge'),
+    ('ceilings: a replayed release reconciles nothing', 'release.lua', "      rewrite(key('gone', id))\n", "      rewrite(key('gone', id))\n      if usage then reconcile(cfg, {cScope = cfg.scope_of[gone.pool]}, usage, now) end\n", 'test_rules_ceilings.py', 'reconcile'),
+    ("ceilings: the release reconciles the seat's reservation", 'release.lua', '  if usage then reconcile(cfg, s, usage, now) end\n', '', 'test_rules_ceilings.py', 'reconcile or learned_mean'),
+    ('ceilings: an undeclared round reserves the learned mean', 'include/ceilings.lua', 'return {inp = input or b.meanIn or 0, out = budget or b.meanOut or 0, budget = budget}', 'return {inp = input or 0, out = budget or 0, budget = budget}', 'test_rules_ceilings.py', 'learned_mean'),
+    ('ceilings: a ceiling 429 holds its bucket until the reset', 'include/ceilings.lua', "else redis.call('HSET', key('ceil', scope), 'hold:' .. limit, fmt(now + reset)) end", 'end', 'test_rules_ceilings.py', 'ceiling_429 or mid_round'),
+    ('ceilings: a ceiling 429 is no load', 'include/outcome.lua', 'local LOAD = {rate_limited = true, stall = true, round_cap = true}', 'local LOAD = {rate_limited = true, stall = true, round_cap = true, ceiling = true}', 'test_rules_ceilings.py', 'ceiling_429'),
+    ('ceilings: a ceiling reported mid-round empties its bucket', 'report.lua', "    spent(cfg, (s.cScope and s.cScope ~= '') and s.cScope or cfg.scope_of[s.pool], limit, reset, now)\n", '', 'test_rules_ceilings.py', 'mid_round'),
+    ('ceilings: a refusal on a ceiling is no demand', 'admit.lua', "ceiling and 'ceilingAt' or 'lastDemand'", "'lastDemand'", 'test_rules_ceilings.py', 'no_demand'),
+    ('ceilings: waiters held by a ceiling are no demand', 'include/pool.lua', '(p.waiting > 0 and p.ceilingAt <= p.lastDemand)', 'p.waiting > 0', 'test_rules_ceilings.py', 'no_demand'),
+    ('ceilings: apply_config refuses a bad limit', 'apply_config.lua', 'need(v == nil or (finite(v) and v > 0 and v <= MAX_LIMIT),', 'need(true,', 'test_rules_ceilings.py', 'bad_ceilings'),
+    ('ceilings: a usage is bounded', 'release.lua', "u[f] = s ~= '' and check_token_count(f .. ' tokens', s, 0) or 0", 'u[f] = tonumber(s) or 0', 'test_rules_ceilings.py', 'beyond_the_bound'),
     ("seed", "include/pool.lua", "p.est = T.seed_estimate", "p.est = 1", "test_rules_estimate.py", "seed_estimate"),
     ("growth needs demand", "include/pool.lua", "if not has_demand(T, p, now) then return false end", "",
      "test_rules_estimate.py", "needs_demand"),

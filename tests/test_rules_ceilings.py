@@ -73,6 +73,15 @@ def test_a_request_bucket_holds_burst_s_of_rate(redis_client):
     assert ask(T0 + 1).admitted
 
 
+def test_a_round_larger_than_a_bucket_passes_when_it_is_full(redis_client):
+    a = adm(redis_client, pol=ceil_policy({"tpm": 600}))     # 10 a second, 600 held
+    ask = Ask(a)
+    assert ask(T0, input_tokens=1000, max_tokens=1000).admitted   # never waits for room it cannot have
+    assert level(redis_client, "tpm") == -1400                     # its debt refills
+    d = ask(T0 + 1, input_tokens=1000, max_tokens=0)
+    assert d.reason == "ceiling-tpm" and d.wait_s == pytest.approx(199)   # until the bucket is full
+
+
 def test_every_bucket_is_debited_together_or_none(redis_client):
     a = adm(redis_client, pol=ceil_policy({"rpm": 120, "tpm": 6000}))   # 2 requests held, 6,000 tokens
     ask = Ask(a)
