@@ -1,4 +1,4 @@
-"""The provider's rate ceilings (docs/design.md §9, lua/include/ceilings.lua): one continuous token
+"""The provider's rate ceilings (docs/design.md §5.9, lua/include/ceilings.lua): one continuous token
 bucket per limit of a scope, checked and debited in the same atomic admit as concurrency,
 reserved at admit and reconciled at the round's end. One test per rule, named after it; each
 runs on fakeredis, Redis 7 and Valkey 8 with clock = "caller", so time is exact."""

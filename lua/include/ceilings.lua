@@ -1,4 +1,4 @@
--- The provider's rate ceilings (docs/design.md §9): one continuous token bucket per limit of a
+-- The provider's rate ceilings (docs/design.md §5.9): one continuous token bucket per limit of a
 -- scope (a provider key and model class, [ceilings.<name>] in the policy; a pool names its scope
 -- with `ceilings = "<name>"`), checked and debited in the same atomic admit as concurrency.
 --   ceil:<scope>  hash, one per scope (memory constant per scope, nothing per request):
