@@ -20,6 +20,8 @@ TESTS = Path(__file__).resolve().parent
 # (rule, file, text to find, replacement, test file, -k expression of the tests that must fail)
 MUTATIONS = [
     # the rate ceilings (lua/include/ceilings.lua, docs/design.md §5.9)
+    ('ceilings: the doctor checks a seat\'s reservation', 'doctor.lua', "if not v or v ~= v or v < 0 then problem('bad-reservation'",
+     "if false then problem('bad-reservation'", 'test_rules_ceilings.py', 'doctor_checks'),
     ('ceilings: a bucket refills continuously', 'include/ceilings.lua', 'if now > from then level = level + (now - from) * rate end', '', 'test_rules_ceilings.py', 'refills_continuously'),
     ('ceilings: a request bucket holds burst_s of rate', 'include/ceilings.lua', 'return rate, math.max(1, rate * c.burst_s)', 'return rate, 1', 'test_rules_ceilings.py', 'burst_s'),
     ('ceilings: a round larger than a bucket passes when it is full', 'include/ceilings.lua', 'local need = math.min(cost(l, res), b.cap[l])', 'local need = cost(l, res)', 'test_rules_ceilings.py', 'larger_than_a_bucket'),

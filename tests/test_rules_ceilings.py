@@ -274,3 +274,38 @@ def test_config_show_lists_the_ceilings(redis_client):
     assert shown["ceilings"]["key"] == {"rpm": 60.0, "tpm": 1000.0, "burst_s": 1.0, "headroom": 1.0,
                                         "output_charge": "max_tokens", "cache_reads_count": False}
     assert next(p for p in shown["pools"] if p["name"] == P)["ceilings"] == "key"
+
+
+@pytest.mark.corrupts_state
+def test_the_doctor_checks_the_reservations_and_the_levels(redis_client):
+    from admission import doctor
+    a = adm(redis_client, pol=ceil_policy({"tpm": 6000}))
+    d = Ask(a)(T0, input_tokens=10, max_tokens=10)
+    assert doctor.check(redis_client, "t").ok
+    redis_client.hset(f"adm:{{t}}:seat:{d.seat.id}", "cIn", "x")
+    redis_client.hset("adm:{t}:ceil:key", "tpm", "abc")
+    kinds = {p["kind"] for p in doctor.check(redis_client, "t").problems}
+    assert kinds == {"bad-reservation", "not-a-number"}
+
+
+def test_a_round_declares_its_call_and_its_end_reconciles_it(redis_client):
+    a = adm(redis_client, pol=ceil_policy({"tpd": 10000, "output_charge": "received"}))
+    with a.round(lane="a", model=P, round_id="w1", input_tokens=1000, max_tokens=1000) as h:
+        assert level(redis_client, "tpd") == 8000
+        h.usage = Usage(input_tokens=300, output_tokens=200)
+    assert level(redis_client, "tpd") == 9500
+    with a.round(lane="a", model=P, round_id="w2", input_tokens=0, max_tokens=0) as h:
+        h.outcome, h.ceiling, h.reset_s = "rate_limited", "tpd", 0   # a 429 that named its ceiling
+    closed = float(scope_state(redis_client)["closedUntil"])     # the round ran on the server's clock
+    assert level(redis_client, "tpd") == 0 and closed % 86400 == 0 and closed > 0
+    assert "exhausted" not in pool_state(redis_client, P)          # the estimate was not cut
+
+
+def test_a_release_replayed_from_the_outbox_reconciles_once(redis_client):
+    from admission.base import release_record
+    a = adm(redis_client, pol=ceil_policy({"tpd": 10000}))
+    d = a.try_admit(lane="a", model=P, round_id="o1", input_tokens=1000, max_tokens=0)   # the server's clock
+    record = release_record(d.seat, "clean", 1.0, None, usage=Usage(input_tokens=100))
+    a._apply_record(record)
+    a._apply_record(record)                                       # the replay of a lost reply
+    assert level(redis_client, "tpd") == 9900
