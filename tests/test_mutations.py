@@ -20,6 +20,8 @@ TESTS = Path(__file__).resolve().parent
 # (rule, file, text to find, replacement, test file, -k expression of the tests that must fail)
 MUTATIONS = [
     # the rate ceilings (lua/include/ceilings.lua, docs/design.md §5.9)
+    ('ceilings: a held bucket gets no refund before its reset', 'include/ceilings.lua',
+     'if more < 0 and b.hold[l] > now then more = 0 end', '', 'test_rules_ceilings.py', 'asyncio_client'),
     ('ceilings: a waiter refused on a ceiling sleeps wait_s', 'admission/base.py', '        if d.ceiling and d.wait_s > 0:  # a rate ceiling: its bucket covers the round by then\n            return d.wait_s\n', '', 'test_rules_ceilings.py', 'names_the_ceiling'),
     ('ceilings: a round declares its call', 'admission/client.py', 'move_to=move_to, tokens=tokens,\n                                         input_tokens=input_tokens, max_tokens=max_tokens))', 'move_to=move_to, tokens=tokens))', 'test_rules_ceilings.py', 'round_declares'),
     ("ceilings: a round's end sends its usage and spent ceiling", 'admission/base.py', 'usage=usage, ceiling=ceiling, reset_s=reset_s), bad', '), bad', 'test_rules_ceilings.py', 'round_declares'),
@@ -34,7 +36,7 @@ MUTATIONS = [
     ('ceilings: a pool is held by its own scope', 'admit.lua', 'local scope = r.cfg.scope_of[pool]', 'local scope = r.cfg.scope_of[r.asked]', 'test_rules_ceilings.py', 'moves_to_another_scope'),
     ('ceilings: a daily cap spent closes the scope', 'include/ceilings.lua', "if b.level.rpd and b.level.rpd + EPS < 1 then close_scope(b, 'rpd')", "if false then close_scope(b, 'rpd')", 'test_rules_ceilings.py', 'daily_cap'),
     ('ceilings: a daily bucket is full again at midnight', 'include/ceilings.lua', '(DAILY[l] and tonumber(h.day) ~= day)', 'false', 'test_rules_ceilings.py', 'daily_cap'),
-    ('ceilings: reconcile refunds and charges the difference', 'include/ceilings.lua', 'if not REQUESTS[l] then b.level[l] = math.min(b.cap[l], v - cost(l, res)) end', '', 'test_rules_ceilings.py', 'reconcile'),
+    ('ceilings: reconcile refunds and charges the difference', 'include/ceilings.lua', 'b.level[l] = math.min(b.cap[l], v - more)', 'b.level[l] = v', 'test_rules_ceilings.py', 'reconcile'),
     ('ceilings: cache reads count only with cache_reads_count', 'include/ceilings.lua', '(c.cache_reads_count and u.reads or 0)', 'u.reads', 'test_rules_ceilings.py', 'reconcile'),
     ('ceilings: max_tokens keeps the answer budget counted', 'include/ceilings.lua', "if c.output_charge == 'max_tokens' and budget then out = math.max(budget, u.output) end", '', 'test_rules_ceilings.py', 'max_tokens_charge'),
     ('ceilings: a replayed release reconciles nothing', 'release.lua', "      rewrite(key('gone', id))\n", "      rewrite(key('gone', id))\n      if usage then reconcile(cfg, {cScope = cfg.scope_of[gone.pool]}, usage, now) end\n", 'test_rules_ceilings.py', 'reconcile'),

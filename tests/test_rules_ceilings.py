@@ -309,3 +309,29 @@ def test_a_release_replayed_from_the_outbox_reconciles_once(redis_client):
     a._apply_record(record)
     a._apply_record(record)                                       # the replay of a lost reply
     assert level(redis_client, "tpd") == 9900
+
+
+def test_the_asyncio_client_declares_reconciles_and_reports_a_ceiling(async_client_factory):
+    import asyncio
+
+    from admission import AsyncAdmission
+
+    async def main():
+        client = async_client_factory()
+
+        async def level_of(limit):
+            return float(await client.hget("adm:{t}:ceil:key", limit))
+
+        a = AsyncAdmission(client, mesh="t", pod="pod-a", background=False)
+        await a.apply_policy(ceil_policy({"tpd": 10000, "tpm": 60000}), recovery_hold=False)
+        d = await a.try_admit(lane="a", model=P, round_id="x1", now=T0, draw=0.0, alternatives=[],
+                              input_tokens=1000, max_tokens=1000)
+        assert d.admitted and await level_of("tpd") == 8000
+        r = await a.report(d.seat, signal="ceiling", ceiling="tpm", reset_s=10, now=T0)
+        assert not r.decreased and await level_of("tpm") == 0
+        await a.release(d.seat, now=T0, usage=Usage(input_tokens=500))
+        assert await level_of("tpd") == 8500                      # the budget stays counted (max_tokens)
+        d = await a.try_admit(lane="a", model=P, round_id="x2", now=T0 + 5, draw=0.0, alternatives=[],
+                              input_tokens=1, max_tokens=0)
+        assert d.reason == "ceiling-tpm" and d.wait_s > 5
+    asyncio.run(main())

@@ -168,7 +168,8 @@ local function counted(c, u, budget)
 end
 
 -- A round's end: refund or charge the difference between what it reserved (seat s) and what the
--- provider counted, and learn the mean per call. Called once per seat (its release).
+-- provider counted, and learn the mean per call. Called once per seat (its release). A bucket
+-- held by the provider's 429 gets no refund before its reset: the provider's word wins.
 local function reconcile(cfg, s, u, now)
   local scope = s.cScope
   if not scope or scope == '' or not cfg.ceilings[scope] then return end -- the scope left the policy
@@ -177,7 +178,10 @@ local function reconcile(cfg, s, u, now)
   local inp, out = counted(b.c, u, budget)
   local res = {inp = inp - (tonumber(s.cIn) or 0), out = out - (tonumber(s.cOut) or 0)}
   for l, v in pairs(b.level) do
-    if not REQUESTS[l] then b.level[l] = math.min(b.cap[l], v - cost(l, res)) end
+    local more = REQUESTS[l] and 0 or cost(l, res)
+    -- a bucket the provider said is spent (held) takes a charge but no refund before its reset
+    if more < 0 and b.hold[l] > now then more = 0 end
+    b.level[l] = math.min(b.cap[l], v - more)
   end
   b.n = math.min(b.n + 1, 1000000)
   local w = math.max(1 / b.n, MEAN_WEIGHT)
