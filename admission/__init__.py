@@ -6,7 +6,7 @@ from .classify import outcome_of
 from .base import current_round
 from .client import Admission, Round
 from .codes import ADMIT_REASONS, FENCE_REASONS, REFUSE_REASONS, UNAVAILABLE, Status
-from .core import Bound, Decision, Progress, Released, Retried, Seat
+from .core import Bound, Decision, Progress, Released, Retried, Seat, Usage
 from .errors import (AdmissionError, BadArgument, BadName, NoPolicy, NotYourSeat, PolicyError,
                      RoundInProgress, ScriptError, StaleVersion, Unavailable, UnknownLane, UnknownPool,
                      UnknownSeat, WaitTimeout)
@@ -19,5 +19,5 @@ __all__ = [
     "ADMIT_REASONS", "REFUSE_REASONS", "FENCE_REASONS", "UNAVAILABLE", "urgency", "outcome_of",
     "AdmissionError", "BadArgument", "BadName", "UnknownLane", "UnknownPool", "UnknownSeat",
     "NotYourSeat", "NoPolicy", "PolicyError", "StaleVersion", "WaitTimeout", "Unavailable",
-    "RoundInProgress", "ScriptError", "current_round",
+    "RoundInProgress", "ScriptError", "current_round", "Usage",
 ]

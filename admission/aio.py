@@ -109,7 +109,8 @@ class AsyncAdmission(ClientBase):
                         now: float | None = None, draw: float | None = None, wait: bool = False,
                         parent: str | None = None, revision: int | None = None,
                         alternatives: list[str] | None = None, borrow: str | None = None,
-                        move_to: Callable[[str], bool] | None = None, tokens: float | None = None) -> Decision:
+                        move_to: Callable[[str], bool] | None = None, tokens: float | None = None,
+                        input_tokens: float | None = None, max_tokens: float | None = None) -> Decision:
         """As the sync client's: refused on ``model``, the round moves to the first alternative
         that admits it, in one call, only where the caller can call (``move_to``: the pools it can run
         on, in a Thompson draw; ``alternatives``: its own ranking; neither: it stays on ``model``)."""
@@ -120,7 +121,8 @@ class AsyncAdmission(ClientBase):
         wait = wait and not borrow  # a borrow never waits
         call = self.core.admit(lane=lane, model=model, round_id=round_id, agent=agent, now=now, draw=draw,
                                wait=wait, parent=parent, revision=revision, borrow=borrow,
-                               alternatives=alternatives or (), on_stats=self._note_stats, tokens=tokens)
+                               alternatives=alternatives or (), on_stats=self._note_stats, tokens=tokens,
+                               input_tokens=input_tokens, max_tokens=max_tokens)
         try:
             d = await self._exec(call)
         except UNREACHABLE as exc:
@@ -138,8 +140,10 @@ class AsyncAdmission(ClientBase):
         return d
 
     async def report(self, seat: Seat, *, signal: str, now: float | None = None,
-                     retry_after: float | None = None) -> Released:
-        return await self._exec_or_raise(self.core.report(seat, signal=signal, now=now, retry_after=retry_after))
+                     retry_after: float | None = None, ceiling: str | None = None,
+                     reset_s: float | None = None) -> Released:
+        return await self._exec_or_raise(self.core.report(seat, signal=signal, now=now, retry_after=retry_after,
+                                                          ceiling=ceiling, reset_s=reset_s))
 
     async def progress(self, received: Iterable[tuple[Seat, float]], now: float | None = None) -> Progress:
         """See ``Admission.progress``."""
@@ -147,14 +151,17 @@ class AsyncAdmission(ClientBase):
 
     async def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
                       cost_usd: float | None = None, now: float | None = None, at: float | None = None,
-                      retry_after: float | None = None, received: float | None = None) -> Released:
+                      retry_after: float | None = None, received: float | None = None, usage: Any = None,
+                      ceiling: str | None = None, reset_s: float | None = None) -> Released:
         call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now, at=at,
-                                 retry_after=retry_after, received=received)
+                                 retry_after=retry_after, received=received, usage=usage, ceiling=ceiling,
+                                 reset_s=reset_s)
         self._book.drop(seat.id)  # never renewed again, whatever the answer
         released, acked = await self._exec_ledger(call, self._confirming())
         if acked < self._confirm_replicas:  # applied, but a failover could still lose it: it waits
             await asyncio.to_thread(self._queue, release_record(seat, outcome, seconds, cost_usd, at, retry_after,
-                                                                   received),
+                                                                   received, usage=usage, ceiling=ceiling,
+                                                                   reset_s=reset_s),
                                     str(self._unconfirmed(acked)))
         if released.stats is not None:
             self._note_stats({released.pool: released.stats})
@@ -230,14 +237,15 @@ class AsyncAdmission(ClientBase):
     async def admit_waiting(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
                             agent: str | None = None, parent: str | None = None,
                             revision: str | None = None, move_to: Callable[[str], bool] | None = None,
-                            tokens: float | None = None) -> Decision:
+                            tokens: float | None = None, input_tokens: float | None = None,
+                            max_tokens: float | None = None) -> Decision:
         """As the sync client's: every way out that is not an admission (timeout, an error, a
         cancellation such as ``asyncio.timeout``) leaves the book and withdraws the ticket."""
         deadline = time.monotonic() + timeout
         await self._know_policy()
         lane = self._lane(lane, agent)
         ask = dict(lane=lane, model=model, round_id=round_id, agent=agent, parent=parent, revision=revision,
-                   move_to=move_to, tokens=tokens)
+                   move_to=move_to, tokens=tokens, input_tokens=input_tokens, max_tokens=max_tokens)
         self._check_free(round_id)
         self._book.wait(lane, model, round_id)
         if self.background:
@@ -301,12 +309,14 @@ class AsyncAdmission(ClientBase):
                     agent: str | None = None, parent: str | None = None,
                     revision: str | None = None,
                     move_to: Callable[[str], bool] | None = None,
-                    tokens: float | None = None) -> AsyncIterator[AsyncRound]:
+                    tokens: float | None = None, input_tokens: float | None = None,
+                    max_tokens: float | None = None) -> AsyncIterator[AsyncRound]:
         """As the sync client's; a nested ``round()`` in this task (or a task it starts) is this
         round's delegated sub-round."""
         d = self._own(await self.admit_waiting(lane=lane, model=model, round_id=round_id, timeout=timeout,
                                                agent=agent, parent=self._parent(parent), revision=revision,
-                                               move_to=move_to, tokens=tokens))
+                                               move_to=move_to, tokens=tokens,
+                                               input_tokens=input_tokens, max_tokens=max_tokens))
         handle, started = AsyncRound(self, d), time.monotonic()  # type: ignore[arg-type]
         token, held = CURRENT_ROUND.set(d.round_id), CURRENT_HANDLE.set(handle)
         try:

@@ -9,7 +9,7 @@ import json
 import time
 from collections import deque
 from contextvars import ContextVar
-from dataclasses import astuple
+from dataclasses import asdict, astuple
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -19,7 +19,8 @@ from . import policy as policy_mod
 from ._log import get_logger
 from .codes import OUTCOMES, UNAVAILABLE
 from .alternatives import Thompson
-from .core import UNREACHABLE, Call, Core, Decision, Heartbeat, Seat, _money, _received_total, _retry_after
+from .core import (UNREACHABLE, Call, Core, Decision, Heartbeat, Seat, Usage, _ceiling_args, _money, _received_total,
+                   _retry_after)
 from .errors import AdmissionError, BadArgument, NotYourSeat, RoundInProgress, Unavailable
 from .health import SamplerRun, samplers_from_policy
 from .outbox import Outbox, OutboxFull, Retry, Unconfirmed
@@ -54,12 +55,19 @@ MAX_PENDING = 10_000
 
 def release_record(seat: Seat, outcome: str, seconds: float, cost_usd: float | None,
                    at: float | None = None, retry_after: float | None = None,
-                   received: float | None = None) -> dict[str, Any]:
+                   received: float | None = None, *, usage: Any = None, ceiling: str | None = None,
+                   reset_s: float | None = None) -> dict[str, Any]:
     """A release as a ledger record (plain values: what the outbox stores). ``at``: when the
     round ended (its cost's UTC day); None while it is tried at once. ``retry_after``: the
-    provider's Retry-After (s) the round ended with; ``received``: the tokens it received in all."""
-    return {"op": "release", "seat": list(astuple(seat)), "outcome": outcome, "seconds": seconds,
-            "cost_usd": cost_usd, "at": at, "retry_after": retry_after, "received": received}
+    provider's Retry-After (s) the round ended with; ``received``: the tokens it received in all;
+    ``usage``: what the provider counted (``Usage``: the ceilings' reconciliation, once);
+    ``ceiling``, ``reset_s``: the rate ceiling a ``ceiling`` outcome spent and its reset."""
+    record = {"op": "release", "seat": list(astuple(seat)), "outcome": outcome, "seconds": seconds,
+              "cost_usd": cost_usd, "at": at, "retry_after": retry_after, "received": received}
+    u = Usage.of(usage)
+    if u is not None or ceiling is not None:  # a record without them stays as it was
+        record.update(usage=None if u is None else asdict(u), ceiling=ceiling, reset_s=reset_s)
+    return record
 
 
 def charge_record(seat: Seat, cost_usd: float, key: str, at: float | None) -> dict[str, Any]:
@@ -258,6 +266,8 @@ class ClientBase:
             return self._tunables["probe_every"]
         if d.reason == "paused" and d.paused_for > 0:  # the provider's Retry-After ends then
             return d.paused_for + PAUSE_MARGIN
+        if d.ceiling and d.wait_s > 0:  # a rate ceiling: its bucket covers the round by then
+            return d.wait_s
         return self._tunables["grow_interval"]
 
     def _check_free(self, round_id: str) -> None:
@@ -326,12 +336,32 @@ class ClientBase:
             _received_total(received)
         except BadArgument as exc:
             bad, received = exc, None
+        # what the provider counted, and a spent ceiling (the round's `usage`, `ceiling`, `reset_s`)
+        usage, ceiling, reset_s = (getattr(handle, k, None) for k in ("usage", "ceiling", "reset_s"))
+        try:
+            usage = Usage.of(usage)
+            if usage is not None:
+                usage.args()
+        except (BadArgument, TypeError) as exc:
+            bad, usage = BadArgument(str(exc)), None
+        if ceiling is not None:
+            try:
+                _ceiling_args("ceiling", ceiling, reset_s)
+                if outcome in ("rate_limited", "ceiling"):  # a 429 that named the ceiling it spent
+                    outcome = "ceiling"
+                else:
+                    ceiling = reset_s = None
+            except BadArgument as exc:
+                bad, ceiling, reset_s = exc, None, None
         if outcome not in OUTCOMES:
             bad = BadArgument(f"round outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
             outcome = "error"
         if bad is not None:
             log.error("release_bad_argument", round=handle.seat.id, error=str(bad))
-        return release_record(handle.seat, outcome, seconds, cost, retry_after=retry_after, received=received), bad
+        if outcome == "ceiling" and ceiling is None:
+            outcome = "rate_limited"  # no limit named: an ordinary 429
+        return release_record(handle.seat, outcome, seconds, cost, retry_after=retry_after, received=received,
+                              usage=usage, ceiling=ceiling, reset_s=reset_s), bad
 
     def _server_time(self) -> float:
         """Now on the server's clock, as far as this pod's last heartbeat told it."""
@@ -348,9 +378,13 @@ class ClientBase:
         retry_after = record.get("retry_after")
         if retry_after is not None and record["at"] is not None:
             retry_after = max(0.0, record["at"] + retry_after - self._server_time()) or None
+        reset_s = record.get("reset_s")  # a ceiling's reset, like a pause, is about the present
+        if reset_s is not None and record["at"] is not None:
+            reset_s = max(0.0, record["at"] + reset_s - self._server_time())
         call = core.release(seat, outcome=record["outcome"], seconds=record["seconds"],
                             cost_usd=record["cost_usd"], at=record["at"], retry_after=retry_after,
-                            received=record.get("received"))
+                            received=record.get("received"), usage=record.get("usage"),
+                            ceiling=record.get("ceiling"), reset_s=reset_s)
         lost = None if record["cost_usd"] is None else core.charge(seat, cost_usd=record["cost_usd"],
                                                                    key="release", at=record["at"])
         return call, lost

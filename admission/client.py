@@ -58,6 +58,9 @@ class Round:
         self.cost_usd: float | None = None  # set to the round's price
         self.retry_after: float | None = None  # set to the provider's Retry-After (s) it ended with
         self.received: float | None = None  # set to the tokens it received in all (declared: the fit's last point)
+        self.usage: Any = None  # set to what the provider counted (core.Usage): the ceilings reconcile it
+        self.ceiling: str | None = None  # set to the rate ceiling a 429 named as spent (rpm, tpm, ...)
+        self.reset_s: float | None = None  # and the seconds until it resets
         self._adm = adm
 
     def report(self, signal: str, retry_after: float | None = None) -> Released:
@@ -159,7 +162,8 @@ class Admission(ClientBase):
                   now: float | None = None, draw: float | None = None, wait: bool = False,
                   parent: str | None = None, revision: int | None = None,
                   alternatives: list[str] | None = None, borrow: str | None = None,
-                  move_to: Callable[[str], bool] | None = None, tokens: float | None = None) -> Decision:
+                  move_to: Callable[[str], bool] | None = None, tokens: float | None = None,
+                  input_tokens: float | None = None, max_tokens: float | None = None) -> Decision:
         """Ask once. ``wait=True`` leaves a waiter ticket when refused (renewed by this pod's
         heartbeat). An unreachable Redis gives a refusal with reason ``admission-unavailable``.
         A refused try (``wait=False``) changes nothing: a waiter elsewhere keeps its place.
@@ -178,7 +182,8 @@ class Admission(ClientBase):
         wait = wait and not borrow  # a borrow never waits
         call = self.core.admit(lane=lane, model=model, round_id=round_id, agent=agent, now=now, draw=draw,
                                wait=wait, parent=parent, revision=revision, borrow=borrow,
-                               alternatives=alternatives or (), on_stats=self._note_stats, tokens=tokens)
+                               alternatives=alternatives or (), on_stats=self._note_stats, tokens=tokens,
+                               input_tokens=input_tokens, max_tokens=max_tokens)
         try:
             d = self._exec(call)
         except UNREACHABLE as exc:
@@ -198,10 +203,13 @@ class Admission(ClientBase):
         return d
 
     def report(self, seat: Seat, *, signal: str, now: float | None = None,
-               retry_after: float | None = None) -> Released:
+               retry_after: float | None = None, ceiling: str | None = None, reset_s: float | None = None) -> Released:
         """A load signal in the middle of a round (stall, round cap, 429); the seat stays. A
-        ``retry_after`` with rate_limited pauses the pool (the provider's Retry-After)."""
-        return self._exec_or_raise(self.core.report(seat, signal=signal, now=now, retry_after=retry_after))
+        ``retry_after`` with rate_limited pauses the pool (the provider's Retry-After). The signal
+        ``ceiling`` with ``ceiling=`` (rpm, tpm, ...) and ``reset_s``: a 429 naming a spent rate
+        ceiling, not load (that bucket is empty until the reset)."""
+        return self._exec_or_raise(self.core.report(seat, signal=signal, now=now, retry_after=retry_after,
+                                                    ceiling=ceiling, reset_s=reset_s))
 
     def progress(self, received: Iterable[tuple[Seat, float]], now: float | None = None) -> Progress:
         """The tokens each of this pod's running rounds has received so far, (seat, tokens) pairs
@@ -214,7 +222,8 @@ class Admission(ClientBase):
 
     def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
                 cost_usd: float | None = None, now: float | None = None, at: float | None = None,
-                retry_after: float | None = None, received: float | None = None) -> Released:
+                retry_after: float | None = None, received: float | None = None, usage: Any = None,
+                ceiling: str | None = None, reset_s: float | None = None) -> Released:
         """End a round: free the seat, count the outcome, book its cost (to the UTC day of ``at``,
         default now). Safe to retry after a lost reply.
         The pod stops renewing the seat first, whatever the answer: an ended round is never
@@ -223,12 +232,14 @@ class Admission(ClientBase):
         ``received``: the tokens the round received in all, when its declared size was an upper
         bound (an answer budget): the cap line's fit measures its last stretch with it."""
         call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now, at=at,
-                                 retry_after=retry_after, received=received)
+                                 retry_after=retry_after, received=received, usage=usage, ceiling=ceiling,
+                                 reset_s=reset_s)
         with self._cond:
             self._book.drop(seat.id)
         released, acked = self._exec_ledger(call, self._confirming())
         if acked < self._confirm_replicas:  # applied, but a failover could still lose it: it waits
-            self._queue(release_record(seat, outcome, seconds, cost_usd, at, retry_after, received),
+            self._queue(release_record(seat, outcome, seconds, cost_usd, at, retry_after, received, usage=usage,
+                                       ceiling=ceiling, reset_s=reset_s),
                         str(self._unconfirmed(acked)))
         if released.stats is not None:
             self._note_stats({released.pool: released.stats})
@@ -305,7 +316,8 @@ class Admission(ClientBase):
 
     def admit_waiting(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
                       agent: str | None = None, parent: str | None = None, revision: str | None = None,
-                      move_to: Callable[[str], bool] | None = None, tokens: float | None = None) -> Decision:
+                      move_to: Callable[[str], bool] | None = None, tokens: float | None = None,
+                      input_tokens: float | None = None, max_tokens: float | None = None) -> Decision:
         """Ask, and when refused wait as a waiter until admitted or ``timeout`` (WaitTimeout).
         With ``move_to`` the waiter re-asks across the alternatives it keeps, woken by a release
         on any of them; without it the round stays on ``model``.
@@ -315,7 +327,7 @@ class Admission(ClientBase):
         self._know_policy()
         lane = self._lane(lane, agent)
         ask = dict(lane=lane, model=model, round_id=round_id, agent=agent, parent=parent, revision=revision,
-                   move_to=move_to, tokens=tokens)
+                   move_to=move_to, tokens=tokens, input_tokens=input_tokens, max_tokens=max_tokens)
         with self._cond:
             self._check_free(round_id)
             self._book.wait(lane, model, round_id)
@@ -379,14 +391,16 @@ class Admission(ClientBase):
     @contextlib.contextmanager
     def round(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
               agent: str | None = None, parent: str | None = None, revision: str | None = None,
-              move_to: Callable[[str], bool] | None = None, tokens: float | None = None) -> Iterator[Round]:
+              move_to: Callable[[str], bool] | None = None, tokens: float | None = None,
+              input_tokens: float | None = None, max_tokens: float | None = None) -> Iterator[Round]:
         """Wait for a seat, keep it alive, release it on exit with the classified outcome.
         Inside, a nested ``round()`` is this round's delegated sub-round (``parent`` defaults to
         the round held here; ``parent=""`` for none). The round may run on an alternative of
         ``model``: ``handle.pool`` says where."""
         d = self._own(self.admit_waiting(lane=lane, model=model, round_id=round_id, timeout=timeout,
                                          agent=agent, parent=self._parent(parent), revision=revision,
-                                         move_to=move_to, tokens=tokens))
+                                         move_to=move_to, tokens=tokens,
+                                         input_tokens=input_tokens, max_tokens=max_tokens))
         handle, started = Round(self, d), time.monotonic()
         token, held = CURRENT_ROUND.set(d.round_id), CURRENT_HANDLE.set(handle)
         try:

@@ -41,7 +41,11 @@ ADMIT_REASONS = ("probe", "within-floor", "overdraft", "borrowed", "delegated", 
 #: Why a round was refused, in the order the checks run; ``full`` is a borrow (or a lane below
 #: its floor on a measured pool) that finds no free slot, so no draw was made.
 REFUSE_REASONS = ("recovering", "provider-closed", "paused", "budget-reserve", "budget-spent", "behind-older",
-                  "cap-line", "reserved", "cost-guard", "fair-share", "full", "draw")
+                  "cap-line", "reserved", "cost-guard", "fair-share", "full", "draw",
+                  "ceiling-rpm", "ceiling-tpm", "ceiling-itpm", "ceiling-otpm", "ceiling-rpd", "ceiling-tpd")
+#: The refusals of a rate ceiling (lua/include/ceilings.lua), after the lane rules would admit:
+#: the decision's ``wait_s`` says when that bucket could cover the round.
+CEILING_REASONS = tuple(r for r in REFUSE_REASONS if r.startswith("ceiling-"))
 #: Why a borrow was refused or shed (DESIGN §8, in the seed fixture's order), and a borrow for a
 #: revision older than its intent's watermark.
 FENCE_REASONS = ("reject_stale_primary_health", "reject_primary_depth", "reject_primary_retry_exhausted",
@@ -55,10 +59,11 @@ BIND_DECISIONS = ("bound", "reject_stale_revision", "reject_not_admitted", "adva
 UNAVAILABLE = "admission-unavailable"
 
 OUTCOMES = ("clean", "rate_limited", "stall", "round_cap", "error",
-            "key_daily_limit", "budget_reached", "credit", "key_rejected")
+            "key_daily_limit", "budget_reached", "credit", "key_rejected", "ceiling")
 LOAD_SIGNALS = ("rate_limited", "stall", "round_cap")
 #: What ``report`` takes mid-round: a load signal (one per seat) or a closing one.
-REPORT_SIGNALS = ("rate_limited", "stall", "round_cap", "key_daily_limit", "budget_reached", "credit", "key_rejected")
+REPORT_SIGNALS = ("rate_limited", "stall", "round_cap", "key_daily_limit", "budget_reached", "credit", "key_rejected",
+                  "ceiling")
 
 #: Every signal word the one classifier (``admission/classify.py``, DESIGN §6) names: the
 #: outcomes a release takes.

@@ -61,6 +61,12 @@ class Decision:
     asked: str = ""  # the pool asked for ("" = ``pool``): admitted elsewhere, the round moved
     borrowed_for: str = ""  # a borrow: the primary pool it runs for (``pool`` is the borrowed one)
     paused_for: float = 0.0  # refused with ``paused``: seconds left of the provider's Retry-After
+    wait_s: float = 0.0  # refused with ``ceiling-<limit>``: seconds until that bucket covers the round
+
+    @property
+    def ceiling(self) -> str | None:
+        """The rate ceiling (rpm, tpm, itpm, otpm, rpd, tpd) that refused the round, or None."""
+        return self.reason[len("ceiling-"):] if not self.admitted and self.reason.startswith("ceiling-") else None
 
     def __bool__(self) -> bool:
         return self.admitted
@@ -151,6 +157,52 @@ class Applied:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """What the provider counted of a round's call(s), sent with its release: the buckets of the
+    pool's ceilings scope are refunded or charged the difference from what its admit reserved."""
+
+    input_tokens: float = 0  # uncached input
+    cache_creation_tokens: float = 0
+    cache_read_tokens: float = 0
+    output_tokens: float = 0
+
+    @classmethod
+    def of(cls, usage: "Usage | Mapping[str, float] | None") -> "Usage | None":
+        if usage is None or isinstance(usage, Usage):
+            return usage
+        if not isinstance(usage, Mapping):
+            raise BadArgument(f"usage must be a Usage or a mapping of token counts, got {usage!r}")
+        unknown = set(usage) - {f for f in cls.__dataclass_fields__}
+        if unknown:
+            raise BadArgument(f"usage: unknown field(s) {', '.join(sorted(unknown))}")
+        return cls(**usage)
+
+    def args(self) -> list[str]:
+        return [_received(x) for x in (self.input_tokens, self.cache_creation_tokens, self.cache_read_tokens,
+                                       self.output_tokens)]
+
+
+#: The rate ceilings a 429 may name as spent (``ceiling=`` with the outcome ``ceiling``).
+CEILING_LIMITS = ("rpm", "tpm", "itpm", "otpm", "rpd", "tpd")
+#: The longest reset a spent ceiling may carry (s): a day.
+MAX_CEILING_RESET = 86400
+
+
+def _ceiling_args(outcome: str, ceiling: str | None, reset_s: float | None) -> list[str]:
+    """The spent ceiling of a ``ceiling`` outcome or signal: its limit and reset (s)."""
+    if outcome != "ceiling":
+        if ceiling is not None:
+            raise BadArgument("ceiling= goes with the outcome 'ceiling'")
+        return ["", ""]
+    if ceiling not in CEILING_LIMITS:
+        raise BadArgument(f"ceiling must be one of {', '.join(CEILING_LIMITS)}, got {ceiling!r}")
+    reset = "" if reset_s is None else _seconds(reset_s, "reset_s")
+    if reset and float(reset) > MAX_CEILING_RESET:
+        raise BadArgument(f"reset_s must be at most {MAX_CEILING_RESET} seconds, got {reset_s!r}")
+    return [ceiling, reset]
+
+
+@dataclass(frozen=True)
 class Call:
     """One script call: which script, its keys and arguments, and how to decode the reply."""
 
@@ -218,6 +270,11 @@ def _token_count(what: str, x: float, low: int) -> str:
     if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not low <= x <= MAX_TOKENS:
         raise BadArgument(f"{what} must be a finite number in [{low}, {MAX_TOKENS:.0e}], got {x!r}")
     return repr(float(x)) if isinstance(x, float) else str(x)
+
+
+def _declared(what: str, x: float | None) -> str:
+    """A declared count for the ceilings ('' = not declared): a finite number in [0, 1e9]."""
+    return "" if x is None else _token_count(what, x, 0)
 
 
 def _tokens(tokens: float | None) -> str:
@@ -295,22 +352,30 @@ class Core:
     def admit(self, *, lane: str | None, model: str, round_id: str, agent: str | None = None,
               now: float | None = None, draw: float | None = None, wait: bool = True,
               parent: str | None = None, revision: int | None = None, borrow: str | None = None,
-              alternatives: Iterable[str] = (), on_stats: Any = None, tokens: float | None = None) -> Call:
+              alternatives: Iterable[str] = (), on_stats: Any = None, tokens: float | None = None,
+              input_tokens: float | None = None, max_tokens: float | None = None) -> Call:
         """``alternatives``: the pool's alternatives, best first (``rank``); ``on_stats`` receives
         the outcome counts of the alternatives the script looked at ({pool: (succ, fail, USD)}).
         ``borrow``: run on this pool for ``model`` (the primary), behind the fence. ``tokens``:
-        the round's size as the worker knows it (the cap line plans it to end before its cap)."""
+        the round's size as the worker knows it (the cap line plans it to end before its cap).
+        ``input_tokens`` and ``max_tokens``: what its call will count against the pool's rate
+        ceilings (its prompt and answer budget; None: the scope's learned mean per call)."""
         if draw is None:
             draw = self._uniform()
         elif isinstance(draw, bool) or not isinstance(draw, (int, float)) or not 0 <= draw < 1:
             raise BadArgument(f"draw must be a number in [0, 1), got {draw!r}")
+        # the declarations, then the ranking; with neither the call stops at ARGV[12], the call an
+        # older library takes too (bench --against)
+        tail = [_declared("input_tokens", input_tokens), _declared("max_tokens", max_tokens),
+                *(() if borrow else alternatives)]
         args = [round_id, lane or "", model, self.pod, agent or "", _now(now), repr(float(draw)),
                 "1" if wait and not borrow else "0", parent or "", _revision(revision, required=False),
-                borrow or "", _tokens(tokens), *(() if borrow else alternatives)]
+                borrow or "", _tokens(tokens), *(tail if any(tail) else ())]
 
         def decode(r):
             status, reason, pool, rid, seq, lane_, est, running, slots, version, at, holder, asked, stats = r[:14]
             paused_for = float(r[14]) if len(r) > 14 and r[14] else 0.0
+            wait_s = float(r[15]) if len(r) > 15 and r[15] else 0.0
             admitted, at = int(status) == Status.ADMITTED, float(at)  # float() and int() take bytes
             rid, pool, lane_ = _s(rid), _s(pool), _s(lane_)
             if on_stats is not None and stats:
@@ -319,7 +384,8 @@ class Core:
             # same-intent from another pod: the seat is that pod's (this pod must not run the round)
             seat = Seat(rid, int(seq), pool, lane_, _s(holder), at) if admitted else None
             return Decision(admitted, _s(reason), rid, lane_, pool, seat, float(est), int(running), int(slots),
-                            int(version), None if admitted else at, _s(asked), model if borrow else "", paused_for)
+                            int(version), None if admitted else at, _s(asked), model if borrow else "", paused_for,
+                            wait_s)
 
         return self._call("admit", args, decode)
 
@@ -353,15 +419,23 @@ class Core:
 
     def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
                 cost_usd: float | None = None, now: float | None = None, at: float | None = None,
-                retry_after: float | None = None, received: float | None = None) -> Call:
+                retry_after: float | None = None, received: float | None = None,
+                usage: "Usage | Mapping[str, float] | None" = None, ceiling: str | None = None,
+                reset_s: float | None = None) -> Call:
         """``at``: when the round ended (its cost's UTC day; a replay from the outbox keeps it).
         ``retry_after``: the provider's Retry-After (s) with a rate_limited outcome: pauses the pool.
         ``received``: the tokens the round received in all (a declared round's last point of the
-        cap line's fit measures with it instead of the declared size)."""
+        cap line's fit measures with it instead of the declared size). ``usage``: what the provider
+        counted (``Usage``): the ceilings' buckets are reconciled with the reservation, once.
+        ``ceiling``/``reset_s``: with the outcome ``ceiling`` (a 429 naming a spent rate ceiling),
+        the limit spent and the seconds until it resets: that bucket is empty until then, and the
+        estimate is left alone."""
         if outcome not in OUTCOMES:
             raise BadArgument(f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
+        u = Usage.of(usage)
         args = [seat.id, str(seat.seq), self.pod, outcome, _seconds(seconds), _money(cost_usd), _now(now),
-                _epoch("at", at), _retry_after(retry_after), _received_total(received)]
+                _epoch("at", at), _retry_after(retry_after), _received_total(received),
+                *(u.args() if u else ["", "", "", ""]), *_ceiling_args(outcome, ceiling, reset_s)]
 
         def decode(r):
             stats = (float(r[4]), float(r[5]), float(r[6]) / 1e6) if r[4] else None
@@ -370,10 +444,11 @@ class Core:
         return self._call("release", args, decode)
 
     def report(self, seat: Seat, *, signal: str, now: float | None = None,
-               retry_after: float | None = None) -> Call:
+               retry_after: float | None = None, ceiling: str | None = None, reset_s: float | None = None) -> Call:
         if signal not in REPORT_SIGNALS:
             raise BadArgument(f"signal must be one of {', '.join(REPORT_SIGNALS)}, got {signal!r}")
-        args = [seat.id, str(seat.seq), self.pod, signal, _now(now), _retry_after(retry_after)]
+        args = [seat.id, str(seat.seq), self.pod, signal, _now(now), _retry_after(retry_after),
+                *_ceiling_args(signal, ceiling, reset_s)]
 
         def decode(r):
             return Released(Status(int(r[0])), _s(r[1]), bool(int(r[2])), float(_s(r[3])))

@@ -56,12 +56,21 @@ MAX_POOLS = 1000  # apply_config writes the catalog in one HSET: bounded so it n
 CLOCKS = ("server", "caller")
 
 _RETIRED = re.compile(r"(?i)^(max_?concurren(t|cy)\w*|max_?(rounds|agents|running|in_?flight)|concurrency(_?(cap|limit))?)$")
-_TOP_KEYS = {"tunables", "lanes", "providers", "pools", "clock", "tiers", "alternatives", "pins", "agents"}
+_TOP_KEYS = {"tunables", "lanes", "providers", "pools", "clock", "tiers", "alternatives", "pins", "agents",
+             "ceilings"}
 _LANE_KEYS = {"floor", "weight", "priority", "reserve", "pools"}
 _PROVIDER_KEYS = {"route", "kind", "daily_limit_usd", "budget_reader", "budget_url", "api_key_env"}
 #: Budget readers a provider may name (``admission/budget.py``): how its key's day is read.
 BUDGET_READERS = ("openrouter",)
-_POOL_KEYS = {"tier", "tokens"}
+_POOL_KEYS = {"tier", "tokens", "ceilings"}
+#: A rate-ceiling scope's limits (``[ceilings.<name>]``, lua/include/ceilings.lua): requests and
+#: tokens per minute and per UTC day; each a positive finite number up to MAX_CEILING.
+CEILING_LIMITS = ("rpm", "tpm", "itpm", "otpm", "rpd", "tpd")
+MAX_CEILING = 1e12
+#: How a scope's output tokens are counted: the answer budget on arrival (OpenAI, Azure), or as
+#: produced (Anthropic).
+OUTPUT_CHARGES = ("max_tokens", "received")
+_CEILING_KEYS = set(CEILING_LIMITS) | {"burst_s", "headroom", "output_charge", "cache_reads_count"}
 #: A pool's price table (USD per million tokens): the SDK integrations price a call from its
 #: ``usage`` with them (admission/integrations/_prices.py) and report it with the release.
 PRICE_KEYS = ("price_input", "price_output", "price_cached_input")
@@ -152,7 +161,8 @@ def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
         raise PolicyError("tunables.max_estimate must be >= tunables.seed_estimate")
 
     providers = {name: _provider(name, p) for name, p in _table("[providers]", raw.get("providers", {})).items()}
-    pools = [_pool(name, p, providers) for name, p in _table("[pools]", raw.get("pools", {})).items()]
+    ceilings = {name: _ceiling(name, c) for name, c in _table("[ceilings]", raw.get("ceilings", {})).items()}
+    pools = [_pool(name, p, providers, ceilings) for name, p in _table("[pools]", raw.get("pools", {})).items()]
     _pool_count(pools)
     catalog = {p["name"] for p in pools}
     lanes = [_lane(name, l, catalog) for name, l in _table("[lanes]", raw.get("lanes", {})).items()]
@@ -165,8 +175,11 @@ def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
     alternatives = _alternatives(raw.get("alternatives", {}), pools, providers)
     pins = _pins(raw.get("pins", {}), lane_names)
     agents = _agents(raw.get("agents", {}), lane_names)
-    return {"tunables": tunables, "lanes": lanes, "providers": providers, "pools": pools, "clock": clock,
-            "tiers": tiers, "alternatives": alternatives, "pins": pins, "agents": agents}
+    out = {"tunables": tunables, "lanes": lanes, "providers": providers, "pools": pools, "clock": clock,
+           "tiers": tiers, "alternatives": alternatives, "pins": pins, "agents": agents}
+    if ceilings:  # a policy without ceilings stays as it was
+        out["ceilings"] = ceilings
+    return out
 
 
 def problems(raw: Any) -> list[str]:
@@ -202,10 +215,13 @@ def problems(raw: Any) -> list[str]:
         plain_provider = {"route": "global", "kind": "direct"}
         providers = {name: check(_provider, name, p) or plain_provider
                      for name, p in (check(_table, "[providers]", raw.get("providers", {})) or {}).items()}
+        # a scope in error stays declared: a pool naming it is not reported again
+        ceilings = {name: check(_ceiling, name, c) or {}
+                    for name, c in (check(_table, "[ceilings]", raw.get("ceilings", {})) or {}).items()}
         raw_pools = check(_table, "[pools]", raw.get("pools", {})) or {}
         pools = []
         for name, p in raw_pools.items():
-            pool = check(_pool, name, p, providers)
+            pool = check(_pool, name, p, providers, ceilings)
             model, _, provider = str(name).rpartition("@")
             if pool is None and model and provider in providers:
                 pool = {"name": name, "provider": provider}
@@ -261,8 +277,48 @@ def _provider(name: str, p: Any) -> dict[str, Any]:
     return entry
 
 
-def _pool(name: str, p: Any, providers: Mapping[str, Any]) -> dict[str, Any]:
-    """One ``[pools."model@provider"]`` entry (its provider declared), checked and normalized."""
+def _ceiling(name: str, c: Any) -> dict[str, Any]:
+    """One ``[ceilings.<name>]`` scope: at least one limit, each a positive finite number (at
+    most 1e12); burst_s in [0.001, 3600] (default 1), headroom in (0, 1] (default 0.97),
+    output_charge (default max_tokens), cache_reads_count (default false)."""
+    where = f"ceilings.{name}"
+    _name("[ceilings]", name)
+    c = _table(f"[{where}]", c)
+    _unknown(f"[{where}]", c, _CEILING_KEYS)
+    errors: list[str] = []
+
+    def num(k: str, lo: float, hi: float, positive: bool = False) -> float | None:
+        v = c[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            errors.append(f"{where}.{k} must be a finite number, got {v!r}")
+        elif (positive and v <= lo) or v < lo or v > hi:
+            errors.append(f"{where}.{k} must be in {'(' if positive else '['}{lo:g}, {hi:g}], got {v!r}")
+        else:
+            return float(v)
+        return None
+
+    entry: dict[str, Any] = {k: num(k, 0, MAX_CEILING, positive=True) for k in CEILING_LIMITS if k in c}
+    if not entry:
+        errors.append(f"[{where}] sets no limit: give one of {', '.join(CEILING_LIMITS)}")
+    entry["burst_s"] = num("burst_s", 0.001, 3600) if "burst_s" in c else 1.0
+    entry["headroom"] = num("headroom", 0, 1, positive=True) if "headroom" in c else 0.97
+    charge = c.get("output_charge", "max_tokens")
+    if charge not in OUTPUT_CHARGES:
+        errors.append(f"{where}.output_charge must be one of {', '.join(OUTPUT_CHARGES)}, got {charge!r}")
+    entry["output_charge"] = charge
+    reads = c.get("cache_reads_count", False)
+    if not isinstance(reads, bool):
+        errors.append(f"{where}.cache_reads_count must be true or false, got {reads!r}")
+    entry["cache_reads_count"] = reads
+    if errors:
+        raise PolicyError("; ".join(errors))
+    return entry
+
+
+def _pool(name: str, p: Any, providers: Mapping[str, Any],
+          ceilings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One ``[pools."model@provider"]`` entry (its provider declared, its ceilings scope under
+    ``[ceilings]``), checked and normalized."""
     p = _table(f'[pools."{name}"]', p)
     _retired(f"pools.{name}.", p)
     _unknown(f'[pools."{name}"]', p, _POOL_KEYS | set(PRICE_KEYS) | set(PLANE_KEYS) | _PLANE_FLAGS | _PLANE_URLS)
@@ -275,6 +331,9 @@ def _pool(name: str, p: Any, providers: Mapping[str, Any]) -> dict[str, Any]:
         raise PolicyError(f'pool "{name}" must be written model@provider')
     if provider not in providers:
         raise PolicyError(f'pool "{name}": provider {provider!r} is not declared under [providers.{provider}]')
+    if "ceilings" in p and (not isinstance(p["ceilings"], str) or p["ceilings"] not in (ceilings or {})):
+        raise PolicyError(f'pools."{name}".ceilings: {p["ceilings"]!r} is not a scope declared under '
+                          f'[ceilings.<name>]')
     return {"name": name, "provider": provider, **p}
 
 

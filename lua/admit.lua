@@ -20,7 +20,12 @@
            (decision_ttl)
   ARGV[12] tokens: the round's declared size ('' = not declared; else a number in [1, 1e9]): the
            cap line (capline.lua) plans it to end before its cap
-  ARGV[13..] the pool's alternatives as the client ranked them (Thompson sampling, best first;
+  ARGV[13] input tokens: what the round's call will send, as the provider counts it against its
+           input ceilings ('' = not declared; else a number in [0, 1e9]; ceilings.lua)
+  ARGV[14] answer budget: the call's max_tokens ('' = not declared; else in [0, 1e9]). A round on
+           a pool with ceilings reserves one request and these tokens (undeclared: the scope's
+           learned mean per call) in every bucket of its scope; its release reconciles them
+  ARGV[15..] the pool's alternatives as the client ranked them (Thompson sampling, best first;
            at most 1000). Only the pool's configured alternatives are tried, in this order; a
            hard-pinned lane or agent tries none.
 
@@ -33,9 +38,11 @@
   fence on both planes.
 
   Reply: {status, reason, pool, seat id, seq, lane, est, running, slots, config version, at, pod,
-          asked, stats[, paused for]}
+          asked, stats[, paused for, wait]}
     paused for: refused with reason paused, the seconds left of the pool's pause (the provider's
       Retry-After, bounded by retry_after_max)
+    wait: refused with a reason ceiling-<limit>, the seconds until that bucket could cover the
+      round (its shortfall over its refill rate; a daily one: until midnight UTC); '' otherwise
     pool: where the round runs (admitted) or waits (refused); asked: the pool asked for
     at: when admitted, the admission time; when refused, the waiter's enqueue time (its place in
       the queue; `now` when it holds no ticket)
@@ -44,7 +51,9 @@
       looked at (what the client's next Thompson draw needs)
     status ADMITTED with reason probe | within-floor | overdraft | borrowed | delegated | same-intent
     status REFUSED  with reason recovering | provider-closed | paused | budget-reserve | budget-spent |
-                    behind-older | cap-line | reserved | fair-share | cost-guard | full | draw; a
+                    behind-older | cap-line | reserved | fair-share | cost-guard | full | draw |
+                    ceiling-rpm | ceiling-tpm | ceiling-itpm | ceiling-otpm | ceiling-rpd |
+                    ceiling-tpd (after the lane rules would admit: ceilings.lua); a
                     borrow also
                     reject_stale_primary_health | reject_primary_depth |
                     reject_primary_retry_exhausted | reject_stale_borrowed_health |
@@ -68,13 +77,14 @@
 --- @include "provider"
 --- @include "decide"
 --- @include "fence"
+--- @include "ceilings"
 local ERR, STATUS = Codes.ERR, Codes.STATUS
 local check_name, check_num, check_one_of = Util.check_name, Util.check_num, Util.check_one_of
 local clock, fail, fmt, key, run = Util.clock, Util.fail, Util.fmt, Util.key, Util.run
 local check_lane, check_pool, lane_of = Config.check_lane, Config.check_pool, Config.lane_of
 local load_config, pinned = Config.load_config, Config.pinned
 local advance_clock, cap_line_refuses = Capline.advance_clock, Capline.cap_line_refuses
-local check_tokens = Capline.check_tokens
+local check_token_count, check_tokens = Capline.check_token_count, Capline.check_tokens
 local load_pool, slots = Pool.load_pool, Pool.slots
 local load_lanes = Lanes.load_lanes
 local count, count_refusal, event = Events.count, Events.count_refusal, Events.event
@@ -87,6 +97,9 @@ local money = Provider.money
 local decide, guarded_at = Decide.decide, Decide.guarded_at
 local check_revision, fence, load_plane = Fence.check_revision, Fence.fence, Fence.load_plane
 local read_intent, waiting_of, write_intent = Fence.read_intent, Fence.waiting_of, Fence.write_intent
+local REASON, cover, debit = Ceilings.REASON, Ceilings.cover, Ceilings.debit
+local load_scope = Ceilings.load_scope
+local reservation, seat_fields = Ceilings.reservation, Ceilings.seat_fields
 
 local SWEEP_PER_ADMIT = 4
 local MAX_CANDIDATES = 1000
@@ -113,11 +126,14 @@ local function read_call()
     if borrow == asked then fail(ERR.BAD_ARG, 'a round cannot borrow the pool it asks for') end
   end
   local tokens = check_tokens(ARGV[12])
-  if #ARGV - 12 > MAX_CANDIDATES then fail(ERR.BAD_ARG, 'at most ' .. MAX_CANDIDATES .. ' alternatives') end
+  local input = (ARGV[13] or '') ~= '' and check_token_count('input tokens', ARGV[13], 0) or nil
+  local budget = (ARGV[14] or '') ~= '' and check_token_count('answer budget', ARGV[14], 0) or nil
+  if #ARGV - 14 > MAX_CANDIDATES then fail(ERR.BAD_ARG, 'at most ' .. MAX_CANDIDATES .. ' alternatives') end
   local ranked = {}
-  for i = 13, #ARGV do ranked[#ranked + 1] = check_name('alternative', ARGV[i]) end
+  for i = 15, #ARGV do ranked[#ranked + 1] = check_name('alternative', ARGV[i]) end
   return {id = id, asked = asked, cfg = cfg, T = cfg.T, agent = agent, lane = lane, pod = pod, now = now, u = u,
-    want_wait = want_wait, parent = parent, rev = rev, borrow = borrow, tokens = tokens, ranked = ranked}
+    want_wait = want_wait, parent = parent, rev = rev, borrow = borrow, tokens = tokens, input = input,
+    budget = budget, ranked = ranked}
 end
 
 -- One decision per intent: a live seat answers again with the same decision. A seat and a
@@ -198,6 +214,25 @@ local function candidates(r)
   return cands
 end
 
+-- 3c. The provider's ceilings (ceilings.lua), once concurrency would admit the round on `pool`:
+-- every bucket of the pool's scope must cover it, and all are debited together, or none. The
+-- refusal's reason (ceiling-<limit>) or nil; r.res is the reservation to keep on the seat, and
+-- r.wait_s the refusal's wait. A delegated round is debited, never refused (its parent runs).
+local function ceilings_refuse(r, pool, delegated)
+  local scope = r.cfg.scope_of[pool]
+  if not scope then return nil end
+  local b = load_scope(r.cfg, scope, r.now)
+  local res = reservation(b, r.input, r.budget)
+  local limit, wait = cover(b, res)
+  if limit and not delegated then
+    r.wait_s = wait
+    return REASON[limit]
+  end
+  debit(b, res)
+  r.res, r.res_scope = res, scope
+  return nil
+end
+
 -- The decision on one candidate: admitted, reason, probe, its pool state.
 local function consider(r, pool, provider)
   local cfg, T, now, lane, id = r.cfg, r.T, r.now, r.lane, r.id
@@ -212,8 +247,9 @@ local function consider(r, pool, provider)
   if r.delegated then -- only the closure (closure is not load): it moves a delegated round too
     local g = gate(T, pv, nil, p, now, nil)
     if g == 'paused' then g = nil end -- part of its parent's round, which holds a seat already
+    if g and g ~= 'probe' then return false, g, false, p end
+    ceilings_refuse(r, pool, true)
     if g == 'probe' then return true, 'probe', true, p end
-    if g then return false, g, false, p end
     return true, 'delegated', false, p
   end
   -- After a restart the pods' running rounds are unknown until their heartbeats re-assert them.
@@ -230,10 +266,18 @@ local function consider(r, pool, provider)
     local oldest = redis.call('ZRANGE', key('wait', pool, lane), 0, 0)[1]
     if oldest ~= id then return false, 'behind-older', false, p end
   end
-  if g == 'probe' then return true, 'probe', true, p end
+  if g == 'probe' then
+    local spent = ceilings_refuse(r, pool)
+    if spent then return false, spent, false, p end
+    return true, 'probe', true, p
+  end
   -- 3b. The cap line: the rounds running (and this one, if sized) end before their caps.
   if cap_line_refuses(T, p, r.tokens) then return false, 'cap-line', false, p end
   local ok, why = decide(cfg, T, p, L, lane, r.u, guarded_at(m, 0))
+  if ok then
+    local spent = ceilings_refuse(r, pool)
+    if spent then return false, spent, false, p end
+  end
   return ok, why, false, p
 end
 
@@ -249,6 +293,7 @@ local function decide_on(r, cands)
     local provider = c == asked and cfg.provider or check_pool(c)
     -- an alternative is a borrow: the fence on the plane it borrows first
     local shed = i > 1 and cfg.planes[c] and fence(nil, 0, load_plane(cfg, c, now), waiting_of(c))
+    r.wait_s = nil
     if shed then admitted, reason, probe, p = false, shed, false, load_pool(T, c)
     else admitted, reason, probe, p = consider(r, c, provider) end
     if i > 1 then
@@ -262,7 +307,7 @@ local function decide_on(r, cands)
       if probe then redis.call('HSET', key('provider', provider), 'lastProbe', fmt(now)) end
       return o
     end
-    if i == 1 then o.first_reason, o.first_p = reason, p end
+    if i == 1 then o.first_reason, o.first_p, o.first_wait = reason, p, r.wait_s end
     if reason == 'recovering' then break end -- the hold is the mesh's, not one pool's
     -- oldest first across the alternatives: a newcomer does not move past an older waiter of its
     -- lane that could move too (it is woken when an alternative frees a slot); past a pinned
@@ -302,6 +347,7 @@ local function seat_round(r, o, ticket, marker)
     movedFrom = (moved and borrow == '') and asked or '', borrowedFor = borrow ~= '' and asked or '',
     tokens = tokens, area0 = tokens and p.area, virt0 = tokens and p.virt, counted = true},
     now + T.lease_ttl)
+  if r.res then redis.call('HSET', key('seat', id), unpack(seat_fields(r.res_scope, r.res))) end
   keep_sweep_before(marker, now + T.lease_ttl)
   if intent then -- the watermark moves up to this revision; an earlier refusal is superseded
     if rev and rev > (intent.rev or -1) then write_intent(id, 'rev', fmt(rev)) end
@@ -337,7 +383,10 @@ local function queue_round(r, o, ticket, marker)
     r.want_wait, r.pin
   if intent and rev and rev > (intent.rev or -1) then write_intent(id, 'rev', fmt(rev)) end
   local pool, reason, p = r.asked, o.first_reason, o.first_p
-  redis.call('HSET', key('pool', pool), 'lastDemand', fmt(now))
+  -- held back by a ceiling, the round is no demand for concurrency (pool.lua has_demand: its
+  -- waiters then do not make the estimate grow either)
+  local ceiling = o.first_wait ~= nil
+  redis.call('HSET', key('pool', pool), ceiling and 'ceilingAt' or 'lastDemand', fmt(now))
   -- A waiter asking on another pool or lane keeps its place unless it is admitted there, or
   -- asks to wait there (then it moves).
   local elsewhere = ticket and (ticket.pool ~= pool or ticket.lane ~= lane)
@@ -367,7 +416,7 @@ local function queue_round(r, o, ticket, marker)
   -- paused by the provider's Retry-After: the waiter asks again when the pause ends
   local paused_for = reason == 'paused' and fmt(p.pausedUntil - now) or ''
   return {STATUS.REFUSED, reason, pool, id, 0, lane, fmt(p.est), p.running, slots(p), r.cfg.version, fmt(since), pod,
-    r.asked, o.stats, paused_for}
+    r.asked, o.stats, paused_for, ceiling and fmt(o.first_wait) or ''}
 end
 
 return function()
@@ -395,7 +444,7 @@ return function()
   local o = decide_on(r, candidates(r))
   if o.admitted then return seat_round(r, o, ticket, marker) end
   if r.borrow ~= '' then -- a borrow the borrowed pool refused: shed there, nothing on the primary
-    redis.call('HSET', key('pool', r.borrow), 'lastDemand', fmt(now))
+    if not o.first_wait then redis.call('HSET', key('pool', r.borrow), 'lastDemand', fmt(now)) end
     return refuse_borrow(r, o.first_reason, o.first_p)
   end
   return queue_round(r, o, ticket, marker)

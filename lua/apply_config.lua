@@ -22,6 +22,9 @@
            too: every name in the catalog, no pool its own alternative, never off the EU route.
   Each pool's plane settings (depth_limit, retry_budget, retry_refill_per_s, health_required,
   health_max_age) are stored in the field `planes` (fence.lua).
+  The policy's `ceilings` ({name: {rpm, tpm, itpm, otpm, rpd, tpd, burst_s, headroom,
+  output_charge, cache_reads_count}}) and each pool's `ceilings` (its scope's name) are stored in
+  the field `ceilings` as {scopes, pools} (ceilings.lua); every limit a positive finite number.
   The policy's `pins` ({lanes, agents}) and `agents` (agent -> lane) are stored with the
   alternatives in the field `moves` (config.lua), checked against the lanes.
 
@@ -43,6 +46,8 @@ local TUNABLES = {'seed_estimate', 'max_estimate', 'slow_start_factor', 'slow_st
   'probe_after', 'decrease_factor', 'high_free', 'lease_ttl', 'stall_after', 'round_cap', 'starved_after',
   'probe_every', 'closed_for', 'aging_unit', 'cost_scale', 'health_max_age', 'decision_ttl', 'retry_after_max'}
 local ZERO_OK = {retry_after_max = true} -- 0 turns the Retry-After pause off
+local CEILING_LIMITS = {'rpm', 'tpm', 'itpm', 'otpm', 'rpd', 'tpd'}
+local MAX_LIMIT = 1e12 -- requests or tokens per minute or per day (admission/policy.py's bound)
 
 return function()
   local token = check_name('token', ARGV[3])
@@ -93,6 +98,30 @@ return function()
       'provider ' .. name .. ': daily_limit_usd must be in [0, 1e9]')
     providers[name] = {pools = {}, limit = limit and math.floor(limit * 1e6 + 0.5) or nil}
   end
+  -- the rate ceilings (ceilings.lua): each scope's limits and how its buckets count
+  need(policy.ceilings == nil or type(policy.ceilings) == 'table', 'ceilings must be an object')
+  local scopes, scope_of = {}, {}
+  for name, c in pairs(policy.ceilings or {}) do
+    check_name('ceilings scope', name)
+    need(type(c) == 'table', 'ceilings.' .. name .. ' must be an object')
+    local sc = {}
+    for _, l in ipairs(CEILING_LIMITS) do
+      local v = c[l]
+      need(v == nil or (finite(v) and v > 0 and v <= MAX_LIMIT),
+        'ceilings.' .. name .. '.' .. l .. ' must be a number in (0, 1e12]')
+      sc[l] = v
+    end
+    need(next(sc) ~= nil, 'ceilings.' .. name .. ' sets no limit (rpm, tpm, itpm, otpm, rpd or tpd)')
+    local burst, headroom = c.burst_s or 1, c.headroom or 0.97
+    need(finite(burst) and burst >= 0.001 and burst <= 3600, 'ceilings.' .. name .. '.burst_s must be in [0.001, 3600]')
+    need(finite(headroom) and headroom > 0 and headroom <= 1, 'ceilings.' .. name .. '.headroom must be in (0, 1]')
+    local charge = c.output_charge or 'max_tokens'
+    need(charge == 'max_tokens' or charge == 'received', 'ceilings.' .. name .. '.output_charge must be max_tokens or received')
+    need(c.cache_reads_count == nil or type(c.cache_reads_count) == 'boolean',
+      'ceilings.' .. name .. '.cache_reads_count must be a boolean')
+    sc.burst_s, sc.headroom, sc.output_charge, sc.cache_reads_count = burst, headroom, charge, c.cache_reads_count == true
+    scopes[name] = sc
+  end
   local names, planes = {}, {}
   local function bounded(p, k, lo, hi, whole)
     local v = p[k]
@@ -115,6 +144,11 @@ return function()
       refill = bounded(p, 'retry_refill_per_s', 0, 1e6), healthMaxAge = bounded(p, 'health_max_age', 0.1, 1e6),
       healthRequired = p.health_required or nil}
     if next(plane) then planes[p.name] = plane end
+    if p.ceilings ~= nil then
+      need(type(p.ceilings) == 'string' and scopes[p.ceilings], 'pool ' .. p.name .. ': ceilings ' ..
+        tostring(p.ceilings) .. ' is not a scope under [ceilings]')
+      scope_of[p.name] = p.ceilings
+    end
     if not providers[p.provider] then providers[p.provider] = {pools = {}} end
     table.insert(providers[p.provider].pools, p.name)
     names[#names + 1] = p.name
@@ -184,7 +218,7 @@ return function()
   end
   local stored = {lanes = encode('lanes', policy.lanes), tunables = encode('tunables', policy.tunables),
     pools = encode('pools', names), providers = encode('providers', providers), moves = encode('moves', moves),
-    planes = encode('planes', planes)}
+    planes = encode('planes', planes), ceilings = encode('ceilings', {scopes = scopes, pools = scope_of})}
   local current = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
   if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= current then
     fail(ERR.STALE_VERSION, 'expected version ' .. ARGV[1] .. ', found ' .. current)
@@ -210,7 +244,7 @@ return function()
   local fields = {'version', current + 1, 'token', token, 'lanes', stored.lanes,
     'tunables', stored.tunables, 'pools', stored.pools, 'policy', ARGV[2],
     'clock', clock_mode, 'holdUntil', fmt(hold), 'providers', stored.providers, 'moves', stored.moves,
-    'planes', stored.planes}
+    'planes', stored.planes, 'ceilings', stored.ceilings}
   for _, p in ipairs(policy.pools) do
     fields[#fields + 1] = 'pool:' .. p.name
     fields[#fields + 1] = p.provider

@@ -22,17 +22,22 @@
     every queue member is a ticket of that pool and lane; no id is both a seat and a ticket; no
     count is negative or not a number; the records name a lane and a pool; the sweep's marker
     (config sweepAt) is not after the earliest lease; sized:<p> holds exactly the seats of p that
-    declared a size (the cap line's index), and pool:<p> `sized` counts them.
+    declared a size (the cap line's index), and pool:<p> `sized` counts them; a seat that
+    reserved against a rate-ceiling scope holds its reservation as counts (cIn, cOut >= 0), and
+    every bucket level of a scope of the policy (ceil:<scope>) is a number.
 
   Reply: JSON {ok, seats, tickets, problems: [{kind, ...}]} (kinds: seat-without-record,
     ticket-without-record, seat-not-leased, ticket-not-leased, bad-record, seat-and-ticket,
     pool-count, lane-count, negative, not-a-number, ticket-not-queued, queue-member-without-ticket,
-    queue-member-misplaced, pinned-not-waiting, sweep-marker-late, sized-index, bad-config). An empty problem list may come back as {} (cjson).
+    queue-member-misplaced, pinned-not-waiting, sweep-marker-late, sized-index, bad-config,
+    bad-reservation). An empty problem list may come back as {} (cjson).
   Errors: ADM_BAD_ARG (KEYS[1])
 ]]
 --- @include "util"
 --- @include "seats"
+--- @include "ceilings"
 local key, run = Util.key, Util.run
+local LIMITS = Ceilings.LIMITS
 local earliest_lease, read_hash = Seats.earliest_lease, Seats.read_hash
 
 return function()
@@ -266,6 +271,30 @@ return function()
     local is_ticket = leased_ticket[id] or tickets[id] ~= nil
     if is_seat and not leased_seat[id] then problem('seat-not-leased', {id = id}) end
     if is_seat and is_ticket then problem('seat-and-ticket', {id = id}) end
+  end
+
+  -- the rate ceilings (ceilings.lua): a seat's reservation is counts of tokens, a scope's
+  -- levels are numbers (a level may be below 0: a debt that refills)
+  for _, id in ipairs(seat_ids) do
+    local s = seats[id]
+    if s and s.cScope and s.cScope ~= '' then
+      for _, f in ipairs({'cIn', 'cOut'}) do
+        local v = tonumber(s[f] or '')
+        if not v or v ~= v or v < 0 then problem('bad-reservation', {id = id, field = f, value = s[f] or ''}) end
+      end
+    end
+  end
+  local ceil = config_list('ceilings')
+  local scopes = type(ceil.scopes) == 'table' and ceil.scopes or {}
+  local scope_names = {}
+  for name in pairs(scopes) do scope_names[#scope_names + 1] = name end
+  table.sort(scope_names)
+  for _, name in ipairs(scope_names) do
+    local h = read_hash(key('ceil', name)) or {}
+    for _, l in ipairs(LIMITS) do
+      local v = h[l] and tonumber(h[l])
+      if h[l] and (not v or v ~= v) then problem('not-a-number', {key = 'ceil:' .. name, field = l, value = h[l]}) end
+    end
   end
 
   return cjson.encode({ok = #problems == 0, seats = #seat_ids, tickets = #ticket_ids, problems = problems})

@@ -24,6 +24,17 @@
   ARGV[10] received: the tokens the round received in all ('' or absent = its declared size): a
            declared round's clean release measures its last stretch with it (capline.lua), so a
            size declared as an upper bound (an answer budget) does not read as a fast round
+  ARGV[11] uncached input tokens the provider counted ('' = not reported)
+  ARGV[12] cache creation tokens ('' = 0)
+  ARGV[13] cache read tokens ('' = 0)
+  ARGV[14] output tokens ('' = 0). Each usage a number in [0, 1e9]. Given any of 11-14, a seat
+           that reserved against its scope's ceilings is reconciled: the buckets are refunded or
+           charged the difference (ceilings.lua reconcile), once: a retry finds the tombstone
+  ARGV[15] ceiling: with outcome `ceiling` (a 429 that names a spent rate ceiling), the limit
+           spent: rpm | tpm | itpm | otpm | rpd | tpd; that bucket of the pool's scope is empty
+           until the reset (a daily one closes the scope until midnight) and the estimate is
+           left alone
+  ARGV[16] reset: seconds until the provider's ceiling resets ('' = 0; at most 86400)
 
   Reply: {status, pool, decreased (0/1), est, successes, failures, mean cost (micro-USD)}
     (the pool's outcome counts after this one: what the client's Thompson draws read; '' on a
@@ -46,6 +57,7 @@
 --- @include "events"
 --- @include "seats"
 --- @include "outcome"
+--- @include "ceilings"
 local ERR, STATUS = Codes.ERR, Codes.STATUS
 local check_num, check_one_of, clock, fail = Util.check_num, Util.check_one_of, Util.clock, Util.fail
 local fmt, key, rewrite, run = Util.fmt, Util.key, Util.rewrite, Util.run
@@ -59,6 +71,30 @@ local read_hash, seat_args, wake_if_waited = Seats.read_hash, Seats.seat_args, S
 local OUTCOMES, SIGNAL_CLOCK_FIELDS = Outcome.OUTCOMES, Outcome.SIGNAL_CLOCK_FIELDS
 local SIGNAL_FIELDS, SIGNAL_FIT_FIELDS = Outcome.SIGNAL_FIELDS, Outcome.SIGNAL_FIT_FIELDS
 local apply_outcome, check_at, check_cost = Outcome.apply_outcome, Outcome.check_at, Outcome.check_cost
+local reconcile, spent = Ceilings.reconcile, Ceilings.spent
+
+local CEILING_LIMITS = {rpm = true, tpm = true, itpm = true, otpm = true, rpd = true, tpd = true}
+local MAX_RESET = 86400
+
+-- What the provider counted (ARGV[11..14]); nil when nothing was reported.
+local function usage_args()
+  local given = {uncached = ARGV[11], creation = ARGV[12], reads = ARGV[13], output = ARGV[14]}
+  local u, any = {uncached = 0, creation = 0, reads = 0, output = 0}, false
+  for f, s in pairs(given) do
+    if s ~= '' then any = true end
+    u[f] = s ~= '' and check_token_count(f .. ' tokens', s, 0) or 0
+  end
+  return any and u or nil
+end
+
+-- The spent ceiling of a `ceiling` outcome (ARGV[15..16]): its limit and reset, else nil.
+local function ceiling_args(outcome)
+  if outcome ~= 'ceiling' then return nil end
+  local limit = check_one_of('ceiling', ARGV[15], CEILING_LIMITS)
+  local reset = check_num('reset', ARGV[16], 0, 0)
+  if reset > MAX_RESET then fail(ERR.BAD_ARG, 'reset must be at most 86400 seconds, got ' .. ARGV[16]) end
+  return limit, reset
+end
 
 return function()
   local id, seq, pod = seat_args()
@@ -69,6 +105,8 @@ return function()
   local at = check_at(ARGV[8], now)
   local retry_after = check_num('retry after', ARGV[9], 0, 0) -- 0: none
   local received = ARGV[10] and ARGV[10] ~= '' and check_token_count('tokens received', ARGV[10], 0) or nil
+  local usage = usage_args()
+  local limit, reset = ceiling_args(outcome)
   local cfg = load_config(nil)
   seconds = math.min(seconds, cfg.T.round_cap) -- a round runs at most round_cap (header)
 
@@ -85,6 +123,8 @@ return function()
     -- expired under a live round (a slow heartbeat): the counts were healed by the sweep; the
     -- round still ran, so count what it saw, once
     local p = load_pool(cfg.T, gone.pool)
+    -- its reservation stays charged (the seat that held it is gone); a spent ceiling still holds
+    if limit then spent(cfg, cfg.scope_of[gone.pool], limit, reset, now) end
     local decreased = apply_outcome(cfg, p, gone, id, now, outcome, seconds, cost, at, retry_after)
     redis.call('SET', key('gone', id), table.concat({'released', gone.seq, gone.pod, gone.pool, gone.lane}, '|'),
       'KEEPTTL')
@@ -104,6 +144,9 @@ return function()
     end
   end
   local decreased = apply_outcome(cfg, p, s, id, now, outcome, seconds, cost, at, retry_after, fields)
+  -- the ceilings: what the provider counted against what the admit reserved, once (the seat goes)
+  if usage then reconcile(cfg, s, usage, now) end
+  if limit then spent(cfg, (s.cScope and s.cScope ~= '') and s.cScope or cfg.scope_of[s.pool], limit, reset, now) end
   drop_seat(id, s, 'released')
   wake_if_waited(cfg, s.pool, p.waiting)
   event('released', 'round', id, 'pool', s.pool, 'lane', s.lane, 'outcome', outcome, 'seconds', fmt(seconds))

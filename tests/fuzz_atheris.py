@@ -141,7 +141,7 @@ def _templates(seats: dict[str, Any]) -> dict[str, list[list[bytes]]]:
 
     pol = lua_policy()
     out = {
-        "admit": [["fresh", "a", "m@p", "pod-a", "", NOW, "0.5", "1", "", "", "", "", "n@p", "o@q"],
+        "admit": [["fresh", "a", "m@p", "pod-a", "", NOW, "0.5", "1", "", "", "", "", "", "", "n@p", "o@q"],
                   ["kid", "", "m@p", "pod-b", "rev", NOW, "0.1", "0", "s1", "4", ""],
                   ["brw", "b", "m@p", "pod-a", "", NOW, "0.9", "0", "", "2", "n@p"],
                   ["big", "a", "m@p", "pod-a", "", NOW, "0.2", "1", "", "", "", "40000"]],

@@ -487,7 +487,7 @@ def test_a_huge_count_is_answered_within_the_bound(mesh):
     one, plan's `wanted` and tick's sweep limit are bounded, admit takes at most 1000
     alternatives. Each call is checked like a fuzzed one (ADM_ code, state, bound). (A call's
     cost may grow with its own arguments, a heartbeat's with the seats and tickets it names.)"""
-    s = [x.encode() for x in ("z", "a", "m@p", "pod-a", "", NOW, "0.5", "0", "", "", "", "")]
+    s = [x.encode() for x in ("z", "a", "m@p", "pod-a", "", NOW, "0.5", "0", "", "", "", "", "", "")]
     calls = [("heartbeat", [b"pod-a", NOW.encode(), count]) for count in (b"1000000000", b"1e15", b"9007199254740992")]
     calls += [("plan", [b"a", b"100000", NOW.encode(), b"", b"n@p o@q", b"*"]), ("tick", [NOW.encode(), b"10000"]),
               ("admit", s + [b"n@p", b"o@q"] * 500), ("admit", s + [b"n@p"] * 1001)]

@@ -15,6 +15,8 @@
 --             agents {agent: lane} (DESIGN §7: moving between pools)
 --   planes    JSON object: pool -> {depthLimit, retryBudget, refill, healthRequired, healthMaxAge}
 --             (the fence between planes, fence.lua)
+--   ceilings  JSON object: scopes {name: {rpm, tpm, itpm, otpm, rpd, tpd (each optional), burst_s,
+--             headroom, output_charge, cache_reads_count}}, pools {pool: scope} (ceilings.lua)
 --
 -- The library keeps the decoded policy per mesh across calls: a call reads the token (and the
 -- pool's provider) and decodes the policy again only when the token changed. State decides:
@@ -39,13 +41,17 @@ local function load_config(pool)
   local c = CONFIG_CACHE[KEYS[1]]
   if not c or c.token ~= v[1] then
     local raw = redis.call('HMGET', KEYS[1], 'version', 'lanes', 'tunables', 'holdUntil', 'providers', 'moves',
-      'planes')
+      'planes', 'ceilings')
     c = {token = v[1], version = tonumber(raw[1]), lanes = cjson.decode(raw[2]), T = cjson.decode(raw[3]),
       lane = {}, max_weight = 0, hold_until = tonumber(raw[4]) or 0, providers = cjson.decode(raw[5] or '{}')}
     for k, default in pairs(OLD_POLICY_DEFAULTS) do
       if c.T[k] == nil then c.T[k] = default end
     end
     c.planes = cjson.decode(raw[7] or '{}')
+    -- the rate ceilings (a policy stored before them has none)
+    local ceil = cjson.decode(raw[8] or '{}')
+    c.ceilings = type(ceil.scopes) == 'table' and ceil.scopes or {}
+    c.scope_of = type(ceil.pools) == 'table' and ceil.pools or {}
     local mv = cjson.decode(raw[6] or '{}')
     -- movers: for each pool, the pools that list it as an alternative (their waiters re-ask it)
     c.moves = {alts = {}, alt_set = {}, movers = {}, pin_lane = {}, pin_agent = {}, agents = {}}

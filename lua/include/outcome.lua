@@ -20,10 +20,12 @@ local rewrite, utc_day = Util.rewrite, Util.utc_day
 local LOAD = {rate_limited = true, stall = true, round_cap = true}
 -- closing signals: every pool of the provider closes (provider.lua says for how long)
 local CLOSING = {key_daily_limit = true, budget_reached = true, credit = true, key_rejected = true}
+-- `ceiling`: a 429 that says a rate ceiling is spent (ceilings.lua spent): neither load nor a
+-- closing signal, the estimate is left alone
 local OUTCOMES = {clean = true, rate_limited = true, stall = true, round_cap = true, error = true,
-  key_daily_limit = true, budget_reached = true, credit = true, key_rejected = true}
+  key_daily_limit = true, budget_reached = true, credit = true, key_rejected = true, ceiling = true}
 local SIGNALS = {rate_limited = true, stall = true, round_cap = true,
-  key_daily_limit = true, budget_reached = true, credit = true, key_rejected = true}
+  key_daily_limit = true, budget_reached = true, credit = true, key_rejected = true, ceiling = true}
 local SIGNAL_FIELDS = {'succ', 'fail', 'meanSec', 'meanCost', 'priced', 'clean'}
 -- what a release saves of its pool: the outcome's fields and the cap line's clock, and its fit
 -- when the round was a point of it (capline.lua)

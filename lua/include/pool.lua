@@ -2,7 +2,8 @@
 --   est K̂, cap K (0 = never measured), slow (1 while in slow start), exhausted, exhaustedAt, why,
 --   seq (admission sequence), holdSeq (seq at the last decrease), lastGrow, clean (clean rounds
 --   since the last growth step), atCap (growth steps at K without a load signal), lastDemand,
---   succ, fail, meanSec, meanCost (micro-USD), running, waiting; moved (running here after a
+--   succ, fail, meanSec, meanCost (micro-USD), running, waiting; ceilingAt (the last refusal on a
+--   rate ceiling: its waiters are no demand for concurrency); moved (running here after a
 --   move), movedIn and movedOut (moves ever, to and from this pool); probeFrom (K before the
 --   upward probe in progress, 0 = none), probeFails (probes refused in a row: the back-off),
 --   probeRuns (rounds admitted above probeFrom since the probe began); the cap line's load clock,
@@ -14,7 +15,7 @@ local fmt, key = Util.fmt, Util.key
 
 local POOL_NUM = {'est', 'cap', 'slow', 'exhausted', 'exhaustedAt', 'seq', 'holdSeq', 'lastGrow',
   'clean', 'atCap', 'probeFrom', 'probeFails', 'probeRuns', 'lastDemand', 'succ', 'fail', 'meanSec', 'meanCost', 'running', 'waiting', 'priced', 'moved', 'movedIn', 'movedOut', 'pausedUntil',
-  'sized', 'ceiling'} -- the cap line's clock and fit: read as numbers only when used (capline.lua)
+  'ceilingAt', 'sized', 'ceiling'} -- the cap line's clock and fit: read as numbers only when used (capline.lua)
 
 local function load_pool(T, pool)
   local raw = redis.call('HGETALL', key('pool', pool))
@@ -42,9 +43,11 @@ local function slots(p)
   return math.max(1, math.floor(p.est))
 end
 
--- Demand: a waiter, the pool full, or a refusal within the last interval.
+-- Demand: a waiter, the pool full, or a refusal within the last interval. Waiters whose last
+-- refusal was a rate ceiling (ceilingAt, ceilings.lua) wait for tokens, not for concurrency.
 local function has_demand(T, p, now)
-  return p.waiting > 0 or p.running >= slots(p) or (p.lastDemand > 0 and now - p.lastDemand < T.grow_interval)
+  return (p.waiting > 0 and p.ceilingAt <= p.lastDemand) or p.running >= slots(p)
+    or (p.lastDemand > 0 and now - p.lastDemand < T.grow_interval)
 end
 
 -- Growth waits for its evidence: once measured, steps come at most every

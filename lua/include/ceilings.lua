@@ -1,0 +1,226 @@
+-- The provider's rate ceilings (docs/design.md §5.9): one continuous token bucket per limit of a
+-- scope (a provider key and model class, [ceilings.<name>] in the policy; a pool names its scope
+-- with `ceilings = "<name>"`), checked and debited in the same atomic admit as concurrency.
+--   ceil:<scope>  hash, one per scope (memory constant per scope, nothing per request):
+--     at                when the per-minute buckets were last refilled (the call's `now`)
+--     day               the UTC day number (floor(now / 86400)) of the daily levels
+--     rpm tpm itpm otpm rpd tpd
+--                       each configured bucket's level (requests or tokens; may go below 0
+--                       when a round's end charges more than it reserved: the debt refills)
+--     hold:<limit>      a per-minute bucket emptied by the provider's 429 on that ceiling
+--                       refills only from then on
+--     closedUntil why   a daily bucket ran out: the scope's pools are closed until midnight UTC
+--                       (why: rpd or tpd); the next call after midnight reopens it
+--     meanIn meanOut n  the learned tokens per call (what the provider counted, input as its
+--                       itpm counts it, output as output_charge counts it): an undeclared
+--                       round reserves them; none learned yet, it reserves no tokens
+--   seat:<id> cScope cIn cOut cBudget
+--                     the reservation the admit debited: its scope, input and output tokens
+--                     reserved, and the answer budget declared ('' = none); the release
+--                     reconciles it once (the seat's tombstone makes a replay count nothing)
+-- Buckets: a per-minute one refills limit x headroom / 60 per second; its capacity is burst_s
+-- seconds of rate for requests (at least one request) and one minute's worth for tokens. A
+-- daily one holds limit x headroom and is full again at 00:00 UTC. A round needs min(cost,
+-- capacity) of each: a round larger than a bucket passes when the bucket is full.
+--- @include "events"
+--- @include "util"
+local count, event = Events.count, Events.event
+local fmt, key = Util.fmt, Util.key
+
+local LIMITS = {'rpm', 'tpm', 'itpm', 'otpm', 'rpd', 'tpd'}
+local DAILY = {rpd = true, tpd = true}
+local REQUESTS = {rpm = true, rpd = true}
+local EPS = 1e-9 -- float dust: a bucket exactly full enough covers its round
+local MEAN_WEIGHT = 0.1 -- the learned mean's weight of one new call, once it has ten
+-- the refusal of each limit (admit's reason; admission/codes.py CEILING_REASONS)
+local REASON = {rpm = 'ceiling-rpm', tpm = 'ceiling-tpm', itpm = 'ceiling-itpm', otpm = 'ceiling-otpm',
+  rpd = 'ceiling-rpd', tpd = 'ceiling-tpd'}
+
+-- A bucket's refill rate (per second) and capacity, from the scope's configuration `c`.
+local function shape(c, limit)
+  local eff = c[limit] * c.headroom
+  if DAILY[limit] then return 0, eff end
+  local rate = eff / 60
+  if REQUESTS[limit] then return rate, math.max(1, rate * c.burst_s) end
+  return rate, eff
+end
+
+-- The scope's buckets refilled to `now` (nothing written): b.level[limit], b.rate, b.cap.
+local function load_scope(cfg, name, now)
+  local c = cfg.ceilings[name]
+  local raw = redis.call('HGETALL', key('ceil', name))
+  local h = {}
+  for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
+  local day = math.floor(now / 86400)
+  local at = tonumber(h.at) or now
+  local b = {name = name, c = c, now = now, day = day, level = {}, rate = {}, cap = {}, hold = {},
+    meanIn = tonumber(h.meanIn), meanOut = tonumber(h.meanOut), n = tonumber(h.n) or 0,
+    closedUntil = tonumber(h.closedUntil) or 0, why = h.why or ''}
+  for _, l in ipairs(LIMITS) do
+    if c[l] then
+      local rate, cap = shape(c, l)
+      local level, hold = tonumber(h[l]), tonumber(h['hold:' .. l]) or 0
+      if level == nil or (DAILY[l] and tonumber(h.day) ~= day) then level = cap -- new, or a new UTC day
+      elseif not DAILY[l] then
+        local from = math.max(at, hold)
+        if now > from then level = level + (now - from) * rate end
+      end
+      b.level[l], b.rate[l], b.cap[l], b.hold[l] = math.min(cap, level), rate, cap, hold
+    end
+  end
+  return b
+end
+
+-- What a round reserves: its declared input and answer budget, else the scope's learned mean
+-- per call (none learned: no tokens, only its request).
+local function reservation(b, input, budget)
+  return {inp = input or b.meanIn or 0, out = budget or b.meanOut or 0, budget = budget}
+end
+
+local function cost(l, res)
+  if REQUESTS[l] then return 1 end
+  if l == 'itpm' then return res.inp end
+  if l == 'otpm' then return res.out end
+  return res.inp + res.out
+end
+
+local function next_midnight(now)
+  return (math.floor(now / 86400) + 1) * 86400
+end
+
+-- A daily bucket ran out: the scope's pools are closed until midnight (a closure of its own,
+-- recorded like a provider's: a `closed` event and closed|<scope>|<why> in totals).
+local function close_scope(b, why)
+  local until_ = next_midnight(b.now)
+  if b.closedUntil >= until_ then return end
+  b.closedUntil, b.why = until_, why
+  redis.call('HSET', key('ceil', b.name), 'closedUntil', fmt(until_), 'why', why)
+  event('closed', 'scope', b.name, 'why', REASON[why], 'until', fmt(until_))
+  count('closed', b.name, REASON[why])
+end
+
+-- A closure whose midnight has passed reopens (the daily buckets are full again).
+local function reopen_if_due(b)
+  if b.closedUntil > 0 and b.closedUntil <= b.now then
+    b.closedUntil, b.why = 0, ''
+    redis.call('HSET', key('ceil', b.name), 'closedUntil', '0', 'why', '')
+    event('reopened', 'scope', b.name, 'by', 'midnight')
+    count('reopened', b.name, 'midnight')
+  end
+end
+
+-- Can every bucket cover the round? nil when it can, else the binding limit and the wait until
+-- it could (the shortfall over the refill rate; a daily bucket: until midnight). A daily bucket
+-- that cannot closes the scope.
+local function cover(b, res)
+  reopen_if_due(b)
+  if b.closedUntil > b.now then return b.why, b.closedUntil - b.now end
+  local worst, wait = nil, -1
+  for _, l in ipairs(LIMITS) do
+    local level = b.level[l]
+    if level then
+      local need = math.min(cost(l, res), b.cap[l])
+      -- one microsecond of refill is within the float error of an epoch's seconds
+      if level + EPS + b.rate[l] * 1e-6 < need then
+        local w
+        if DAILY[l] then w = next_midnight(b.now) - b.now
+        else w = math.max(0, b.hold[l] - b.now) + (need - level) / b.rate[l] end
+        if w > wait then worst, wait = l, w end
+      end
+    end
+  end
+  if worst and DAILY[worst] then close_scope(b, worst) end
+  return worst, worst and wait or nil
+end
+
+local function save_levels(b)
+  local args = {'at', fmt(b.now), 'day', fmt(b.day)}
+  for l, v in pairs(b.level) do
+    args[#args + 1] = l
+    args[#args + 1] = fmt(v)
+  end
+  redis.call('HSET', key('ceil', b.name), unpack(args))
+end
+
+-- Debit the round from every bucket at once (the caller checked them all with cover). A daily
+-- bucket left without one more request (or any token) closes the scope now.
+local function debit(b, res)
+  for l, v in pairs(b.level) do b.level[l] = v - cost(l, res) end
+  save_levels(b)
+  if b.level.rpd and b.level.rpd + EPS < 1 then close_scope(b, 'rpd')
+  elseif b.level.tpd and b.level.tpd <= EPS then close_scope(b, 'tpd') end
+end
+
+-- The reservation kept on the seat, for its release.
+local function seat_fields(scope, res)
+  return {'cScope', scope, 'cIn', fmt(res.inp), 'cOut', fmt(res.out), 'cBudget', res.budget and fmt(res.budget) or ''}
+end
+
+-- What the provider counted of a call (u: uncached input, cache creation, cache reads, output),
+-- as the scope counts it: input for itpm (cache reads only with cache_reads_count), output as
+-- output_charge says ("max_tokens": the declared budget, counted on arrival; "received": what
+-- was produced).
+local function counted(c, u, budget)
+  local inp = u.uncached + u.creation + (c.cache_reads_count and u.reads or 0)
+  local out = u.output
+  if c.output_charge == 'max_tokens' and budget then out = math.max(budget, u.output) end
+  return inp, out
+end
+
+-- A round's end: refund or charge the difference between what it reserved (seat s) and what the
+-- provider counted, and learn the mean per call. Called once per seat (its release). A bucket
+-- held by the provider's 429 gets no refund before its reset: the provider's word wins.
+local function reconcile(cfg, s, u, now)
+  local scope = s.cScope
+  if not scope or scope == '' or not cfg.ceilings[scope] then return end -- the scope left the policy
+  local b = load_scope(cfg, scope, now)
+  local budget = tonumber(s.cBudget or '')
+  local inp, out = counted(b.c, u, budget)
+  local res = {inp = inp - (tonumber(s.cIn) or 0), out = out - (tonumber(s.cOut) or 0)}
+  for l, v in pairs(b.level) do
+    local more = REQUESTS[l] and 0 or cost(l, res)
+    -- a bucket the provider said is spent (held) takes a charge but no refund before its reset
+    if more < 0 and b.hold[l] > now then more = 0 end
+    b.level[l] = math.min(b.cap[l], v - more)
+  end
+  b.n = math.min(b.n + 1, 1000000)
+  local w = math.max(1 / b.n, MEAN_WEIGHT)
+  b.meanIn = b.meanIn and b.meanIn + w * (inp - b.meanIn) or inp
+  b.meanOut = b.meanOut and b.meanOut + w * (out - b.meanOut) or out
+  save_levels(b)
+  redis.call('HSET', key('ceil', scope), 'meanIn', fmt(b.meanIn), 'meanOut', fmt(b.meanOut), 'n', fmt(b.n))
+end
+
+-- The provider said a ceiling is spent (a 429 naming it): that bucket is empty until `reset`
+-- seconds from now and refills from then on; a daily one closes the scope until midnight. Not
+-- a load signal: the estimate is not touched.
+local function spent(cfg, scope, limit, reset, now)
+  if not scope or not cfg.ceilings[scope] then return false end
+  local b = load_scope(cfg, scope, now)
+  if not b.level[limit] then return false end
+  b.level[limit] = 0
+  save_levels(b)
+  if DAILY[limit] then close_scope(b, limit)
+  else redis.call('HSET', key('ceil', scope), 'hold:' .. limit, fmt(now + reset)) end
+  count('ceiling', scope, limit)
+  return true
+end
+
+return {
+  LIMITS = LIMITS,
+  REASON = REASON,
+  shape = shape,
+  load_scope = load_scope,
+  reservation = reservation,
+  cost = cost,
+  next_midnight = next_midnight,
+  close_scope = close_scope,
+  reopen_if_due = reopen_if_due,
+  cover = cover,
+  save_levels = save_levels,
+  debit = debit,
+  seat_fields = seat_fields,
+  counted = counted,
+  reconcile = reconcile,
+  spent = spent,
+}
