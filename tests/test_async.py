@@ -114,11 +114,11 @@ def test_close_stops_a_clock_that_lost_a_cancel():
                 swallowed.set()          # lost, as inside that wait_for
             await asyncio.sleep(3600)    # the next turn of the clock
 
-        adm._task = asyncio.get_running_loop().create_task(clock())
+        adm._clock._task = asyncio.get_running_loop().create_task(clock())
         await asyncio.sleep(0)
         closing = asyncio.get_running_loop().create_task(adm.close())
         done, _ = await asyncio.wait({closing}, timeout=2)   # no outside cancel to help it
         assert closing in done, "close() hung on a clock that lost its cancel"
-        assert swallowed.is_set() and adm._task.done()
+        assert swallowed.is_set() and adm._clock._task.done()
 
     asyncio.run(main())
