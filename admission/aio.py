@@ -90,7 +90,7 @@ class AsyncAdmission(ClientBase):
 
     # -- plumbing ------------------------------------------------------------------------------
     async def _exec(self, call: Call):
-        self._clock.resume()
+        self._clock.resume()  # a clock asked for before the loop ran starts now (a no-op for a thread)
         try:
             reply = await scripts.acall(self.redis, call.script, call.keys, call.args)
         except redis.ResponseError as exc:
@@ -125,11 +125,13 @@ class AsyncAdmission(ClientBase):
         return applied.version
 
     async def policy(self) -> dict[str, Any]:
+        self._clock.resume()
         return self._policy_of(await self.redis.hmget(self.core.config_key, "version", "policy"))
 
     async def tunables(self) -> dict[str, float]:
         """The live tunables (re-read when the policy version changes), and with them the
         alternatives, pins and lanes of agents."""
+        self._clock.resume()
         return self._note_tunables(*await self.redis.hmget(self.core.config_key, *self.POLICY_FIELDS))
 
     async def _know_policy(self) -> None:
@@ -283,6 +285,7 @@ class AsyncAdmission(ClientBase):
 
     async def ledger(self, day: str) -> dict[str, dict[str, float]]:
         """The spend ledger of a UTC day (YYYY-MM-DD): {lane: {provider: USD}}."""
+        self._clock.resume()
         return decode_ledger(await self.redis.hgetall(f"adm:{{{self.mesh}}}:spend:{day}"))
 
     async def admit_waiting(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,

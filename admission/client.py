@@ -91,7 +91,7 @@ class Admission(ClientBase):
 
     # -- plumbing ------------------------------------------------------------------------------
     def _exec(self, call: Call):
-        self._clock.resume()
+        self._clock.resume()  # a clock asked for before the loop ran starts now (a no-op for a thread)
         try:
             reply = scripts.call(self.redis, call.script, call.keys, call.args)
         except redis.ResponseError as exc:
@@ -126,11 +126,13 @@ class Admission(ClientBase):
         return applied.version
 
     def policy(self) -> dict[str, Any]:
+        self._clock.resume()
         return self._policy_of(self.redis.hmget(self.core.config_key, "version", "policy"))
 
     def tunables(self) -> dict[str, float]:
         """The live tunables (re-read when the policy version changes), and with them the
         alternatives, pins and lanes of agents."""
+        self._clock.resume()
         return self._note_tunables(*self.redis.hmget(self.core.config_key, *self.POLICY_FIELDS))
 
     def _know_policy(self) -> None:
@@ -284,6 +286,7 @@ class Admission(ClientBase):
 
     def ledger(self, day: str) -> dict[str, dict[str, float]]:
         """The spend ledger of a UTC day (YYYY-MM-DD): {lane: {provider: USD}}."""
+        self._clock.resume()
         return decode_ledger(self.redis.hgetall(f"adm:{{{self.mesh}}}:spend:{day}"))
 
     def admit_waiting(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
