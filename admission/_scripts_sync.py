@@ -45,7 +45,7 @@ def call(client: Any, command: str, keys: list[str], args: list[Any]) -> Any:
 
 
 def call_confirmed(client: Any, command: str, keys: list[str], args: list[Any], replicas: int,
-                          timeout_ms: int) -> tuple[Any, int]:
+                   timeout_ms: int) -> tuple[Any, int]:
     """FCALL one command, then WAIT on the same connection: the reply, and how many replicas
     have acknowledged the write (and every earlier one: the replication stream is in order).
     On a (sync) cluster both go to the node of KEYS[1]; when the slot has moved (a failover) the

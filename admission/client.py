@@ -111,17 +111,17 @@ class Admission(ClientBase):
             return self._exec_or_raise(call), 0
         with translated():
             reply, acked = scripts.call_confirmed(self.redis, call.script, call.keys, call.args, replicas,
-                                                         self._confirm_ms)
+                                                  self._confirm_ms)
         return call.decode(reply), acked
 
     # -- policy --------------------------------------------------------------------------------
     def apply_policy(self, policy: str | Path | Mapping[str, Any], expected_version: int | None = None, *,
-                           recovery_hold: bool = True, now: float | None = None) -> int:
+                     recovery_hold: bool = True, now: float | None = None) -> int:
         """Validate and apply a policy (a TOML path or its dict form); returns the new version.
         On a mesh without a policy (new, or wiped by a restart) new admissions wait one
         heartbeat period unless ``recovery_hold=False`` (see apply_config.lua)."""
         applied = self._exec_or_raise(self.core.apply(policy_of(policy), expected_version,
-                                                            recovery_hold=recovery_hold, now=now))
+                                                      recovery_hold=recovery_hold, now=now))
         log.info("policy_applied", mesh=self.mesh, version=applied.version, hold_until=applied.hold_until)
         return applied.version
 
@@ -145,10 +145,10 @@ class Admission(ClientBase):
 
     # -- one round -----------------------------------------------------------------------------
     def try_admit(self, *, lane: str | None = None, model: str, round_id: str, agent: str | None = None,
-                        now: float | None = None, draw: float | None = None, wait: bool = False,
-                        parent: str | None = None, revision: int | None = None,
-                        alternatives: list[str] | None = None, borrow: str | None = None,
-                        move_to: Callable[[str], bool] | None = None, tokens: float | None = None) -> Decision:
+                  now: float | None = None, draw: float | None = None, wait: bool = False,
+                  parent: str | None = None, revision: int | None = None,
+                  alternatives: list[str] | None = None, borrow: str | None = None,
+                  move_to: Callable[[str], bool] | None = None, tokens: float | None = None) -> Decision:
         """Ask once. ``wait=True`` leaves a waiter ticket when refused (renewed by this pod's
         heartbeat). An unreachable Redis gives a refusal with reason ``admission-unavailable``.
         A refused try (``wait=False``) changes nothing: a waiter elsewhere keeps its place.
@@ -186,7 +186,7 @@ class Admission(ClientBase):
         return d
 
     def report(self, seat: Seat, *, signal: str, now: float | None = None,
-                     retry_after: float | None = None) -> Released:
+               retry_after: float | None = None) -> Released:
         """A load signal in the middle of a round (stall, round cap, 429); the seat stays. A
         ``retry_after`` with rate_limited pauses the pool (the provider's Retry-After)."""
         return self._exec_or_raise(self.core.report(seat, signal=signal, now=now, retry_after=retry_after))
@@ -201,8 +201,8 @@ class Admission(ClientBase):
         return self._exec_or_raise(self.core.progress(received, now=now))
 
     def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
-                      cost_usd: float | None = None, now: float | None = None, at: float | None = None,
-                      retry_after: float | None = None, received: float | None = None) -> Released:
+                cost_usd: float | None = None, now: float | None = None, at: float | None = None,
+                retry_after: float | None = None, received: float | None = None) -> Released:
         """End a round: free the seat, count the outcome, book its cost (to the UTC day of ``at``,
         default now). Safe to retry after a lost reply.
         The pod stops renewing the seat first, whatever the answer: an ended round is never
@@ -218,7 +218,7 @@ class Admission(ClientBase):
         return self._end(release_record(seat, outcome, seconds, cost_usd, at, retry_after, received), call, now)
 
     def charge(self, seat: Seat, *, cost_usd: float, key: str, at: float | None = None,
-                     now: float | None = None) -> Charged:
+               now: float | None = None) -> Charged:
         """Book a cost to the spend ledger mid-round, once per (seat, key). When Redis cannot
         apply it now the charge waits in the outbox (``queued``) and is replayed once."""
         call = self.core.charge(seat, cost_usd=cost_usd, key=key, at=at, now=now)
@@ -259,23 +259,23 @@ class Admission(ClientBase):
         return self._exec_or_raise(self.core.bind(action="advance", round_id=round_id, revision=revision, now=now))
 
     def report_health(self, pool: str, *, depth: int, running: int | None = None, ok: bool = True,
-                            at: float | None = None, now: float | None = None) -> float:
+                      at: float | None = None, now: float | None = None) -> float:
         """Write a health sample of a plane (a lease: fresh for the pool's health_max_age);
         returns until when it counts as capacity."""
         return self._exec_or_raise(self.core.health(pool=pool, depth=depth, running=running, ok=ok, at=at,
-                                                          now=now))
+                                                    now=now))
 
     # -- the provider's day ----------------------------------------------------------------------
     def report_budget(self, reading: Any, now: float | None = None) -> dict[str, Any]:
         """Store a budget reader's reading (``admission.budget.Reading``) of a provider's day."""
         return self._exec_or_raise(self.core.budget(provider=reading.provider, limit_usd=reading.limit_usd,
-                                                          spent_usd=reading.spent_usd, at=reading.at, now=now))
+                                                    spent_usd=reading.spent_usd, at=reading.at, now=now))
 
     def close_provider(self, provider: str, *, why: str, seconds: float | None = None,
-                             now: float | None = None) -> float:
+                       now: float | None = None) -> float:
         """Close every pool of a provider by hand (until midnight UTC, or ``seconds``)."""
         return self._exec_or_raise(self.core.closure(action="close", provider=provider, why=why,
-                                                           seconds=seconds, now=now))
+                                                     seconds=seconds, now=now))
 
     def reopen_provider(self, provider: str, *, why: str, now: float | None = None) -> None:
         self._exec_or_raise(self.core.closure(action="reopen", provider=provider, why=why, now=now))
@@ -290,8 +290,8 @@ class Admission(ClientBase):
         return decode_ledger(self.redis.hgetall(f"adm:{{{self.mesh}}}:spend:{day}"))
 
     def admit_waiting(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
-                            agent: str | None = None, parent: str | None = None, revision: int | None = None,
-                            move_to: Callable[[str], bool] | None = None, tokens: float | None = None) -> Decision:
+                      agent: str | None = None, parent: str | None = None, revision: int | None = None,
+                      move_to: Callable[[str], bool] | None = None, tokens: float | None = None) -> Decision:
         """Ask, and when refused wait as a waiter until admitted or ``timeout`` (WaitTimeout).
         The waiter re-asks across the pool's alternatives, woken by a release on any of them.
         Every way out that is not an admission (timeout, an error, an interrupt, a cancellation
@@ -372,16 +372,16 @@ class Admission(ClientBase):
 
     @contextlib.contextmanager
     def round(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
-                    agent: str | None = None, parent: str | None = None, revision: int | None = None,
-                    move_to: Callable[[str], bool] | None = None,
-                    tokens: float | None = None) -> Iterator[Round]:
+              agent: str | None = None, parent: str | None = None, revision: int | None = None,
+              move_to: Callable[[str], bool] | None = None,
+              tokens: float | None = None) -> Iterator[Round]:
         """Wait for a seat, keep it alive, release it on exit with the classified outcome.
         Inside, a nested ``round()`` is this round's delegated sub-round (``parent`` defaults to
         the round held here, in this thread or task or a task it starts; ``parent=""`` for
         none). The round may run on an alternative of ``model``: ``handle.pool`` says where."""
         d = self._own(self.admit_waiting(lane=lane, model=model, round_id=round_id, timeout=timeout,
-                                               agent=agent, parent=self._parent(parent), revision=revision,
-                                               move_to=move_to, tokens=tokens))
+                                         agent=agent, parent=self._parent(parent), revision=revision,
+                                         move_to=move_to, tokens=tokens))
         handle, started = Round(self, d), time.monotonic()
         token, held = CURRENT_ROUND.set(d.round_id), CURRENT_HANDLE.set(handle)
         try:
@@ -397,7 +397,7 @@ class Admission(ClientBase):
                 CURRENT_HANDLE.reset(held)
 
     def _finish(self, handle: Round, outcome: str, started: float, raising: bool,
-                      retry_after: float | None = None) -> None:
+                retry_after: float | None = None) -> None:
         """The round ended: released as ``release()`` does (``_end``); a refusal for good is
         recorded there, and a bad value set on the round is raised once the seat is released."""
         record, bad = self._exit_record(handle, outcome, time.monotonic() - started, retry_after)
@@ -419,7 +419,7 @@ class Admission(ClientBase):
             self._book.drop(seat.id)
         try:
             released, acked = shielded(self._apply(record, self._confirming(), call, now),
-                                              on_cancel=lambda: self._queue(record, "cancelled"))
+                                       on_cancel=lambda: self._queue(record, "cancelled"))
         except Retry as exc:
             blocking(self._queue, record, str(exc))
             return Released(Status.RELEASED, seat.pool, False, None, queued=True)
@@ -432,7 +432,7 @@ class Admission(ClientBase):
         return released
 
     def _apply(self, record: dict[str, Any], replicas: int, call: Call | None = None,
-                     now: float | None = None) -> tuple[Any, int]:
+               now: float | None = None) -> tuple[Any, int]:
         """Apply one ledger record (``call``: as built, else from the record): (the answer, how
         many replicas confirmed it). Raises ``Retry`` while Redis cannot apply it (unreachable,
         no policy yet). A release whose seat Redis no longer knows is recorded and its cost
@@ -568,18 +568,18 @@ class Admission(ClientBase):
         return self._exec_or_raise(self.core.census(now))
 
     def plan(self, *, lane: str | None = None, model: str, wanted: int, now: float | None = None,
-                   agent: str | None = None) -> int:
+             agent: str | None = None) -> int:
         """How many of ``wanted`` new rounds of ``lane`` would start now on ``model`` or, moving,
         on its alternatives (not for a hard pin); nothing seated."""
         return sum((self.plan_pools(lane=lane, pools=[model], wanted=wanted, now=now, agent=agent)).values())
 
     def plan_pools(self, *, lane: str | None = None, pools: list[str] | None, wanted: int,
-                         now: float | None = None, agent: str | None = None) -> dict[str, int]:
+                   now: float | None = None, agent: str | None = None) -> dict[str, int]:
         """Plan per pool: the pools asked for (None: the lane's), then the alternatives that would
         take some of the rest."""
         return self._exec_or_raise(self.core.plan(lane=lane, pools=pools, wanted=wanted, now=now, agent=agent))
 
     def allowance(self, *, lane: str | None = None, now: float | None = None, wanted: int = 10_000,
-                        agent: str | None = None) -> int:
+                  agent: str | None = None) -> int:
         """What a lane that starts work paces itself by: plan over the lane's pools."""
         return sum((self.plan_pools(lane=lane, pools=None, wanted=wanted, now=now, agent=agent)).values())

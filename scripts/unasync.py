@@ -10,8 +10,10 @@ stale rule shows.
 """
 from __future__ import annotations
 
+import io
 import re
 import sys
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,13 +62,44 @@ HEADER = ("# GENERATED from {src} by scripts/unasync.py: do not edit by hand.\n"
           "# Edit {src} and run `python scripts/unasync.py` (tests/test_unasync.py fails while this is stale).\n")
 
 
-def unasync(text: str, src: str, used: set[int]) -> str:
-    """The sync module of the asyncio source ``text``; notes in ``used`` the substitutions made."""
+def _line(line: str, used: set[int]) -> str:
     for i, (regex, repl) in enumerate(COMPILED):
-        text, n = regex.subn(repl, text)
+        line, n = regex.subn(repl, line)
         if n:
             used.add(i)
-    return HEADER.format(src=src) + text
+    return line
+
+
+def _openers(text: str) -> dict[int, tuple[int, int]]:
+    """For each line that starts inside brackets: (line, column) of the innermost open one."""
+    inside, stack = {}, []
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.OP and tok.string in "([{":
+            stack.append(tok.start)
+        elif tok.type == tokenize.OP and tok.string in ")]}":
+            stack.pop()
+        elif tok.type in (tokenize.NL, tokenize.NEWLINE) and stack:
+            inside[tok.start[0] + 1] = stack[-1]
+    return inside
+
+
+def unasync(text: str, src: str, used: set[int]) -> str:
+    """The sync module of the asyncio source ``text``, line by line; notes in ``used`` the
+    substitutions made. A continuation line aligned under its open bracket stays aligned
+    (``async def f(a,`` / ``           b)`` loses six columns on both lines)."""
+    lines = text.splitlines(keepends=True)
+    out = [_line(line, used) for line in lines]
+    moved: dict[int, int] = {}  # line -> columns its indent moved
+    for row, (orow, ocol) in sorted(_openers(text).items()):
+        line = lines[row - 1]
+        indent = len(line) - len(line.lstrip(" "))
+        if indent != ocol + 1:
+            continue  # a hanging indent: nothing to realign
+        shift = len(_line(lines[orow - 1][:ocol], set())) + moved.get(orow, 0) - ocol
+        if shift:
+            out[row - 1] = " " * (indent + shift) + out[row - 1].lstrip(" ")
+            moved[row] = shift
+    return HEADER.format(src=src) + "".join(out)
 
 
 def main(argv: list[str]) -> int:
