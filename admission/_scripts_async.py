@@ -1,7 +1,8 @@
-"""The script calls, for redis.asyncio: FCALL a command, load the library when the server lacks
-it, FCALL then WAIT on one connection. Written once here; the sync calls (redis-py's client, and
-its Cluster) are generated from it by ``scripts/unasync.py`` into ``_scripts_sync.py``.
-``admission.scripts`` exports both flavours (``call`` / ``acall``, ``load`` / ``aload``, ...).
+"""The script calls (FCALL a command, load the library when the server lacks it, FCALL then WAIT
+on one connection), written once, for redis.asyncio, in ``_scripts_async.py``; the sync calls
+(redis-py's client, and its Cluster) are generated from it into ``_scripts_sync.py`` by
+``scripts/unasync.py``. ``admission.scripts`` exports both flavours (the asyncio names are the
+sync ones with an ``a`` in front).
 """
 from __future__ import annotations
 

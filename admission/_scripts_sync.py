@@ -1,9 +1,10 @@
 # GENERATED from admission/_scripts_async.py by scripts/unasync.py: do not edit by hand.
 # Edit admission/_scripts_async.py and run `python scripts/unasync.py` (tests/test_unasync.py fails while this is stale).
-"""The script calls, for redis.asyncio: FCALL a command, load the library when the server lacks
-it, FCALL then WAIT on one connection. Written once here; the sync calls (redis-py's client, and
-its Cluster) are generated from it by ``scripts/unasync.py`` into ``_scripts_sync.py``.
-``admission.scripts`` exports both flavours (``call`` / ``call``, ``load`` / ``load``, ...).
+"""The script calls (FCALL a command, load the library when the server lacks it, FCALL then WAIT
+on one connection), written once, for redis.asyncio, in ``_scripts_async.py``; the sync calls
+(redis-py's client, and its Cluster) are generated from it into ``_scripts_sync.py`` by
+``scripts/unasync.py``. ``admission.scripts`` exports both flavours (the asyncio names are the
+sync ones with an ``a`` in front).
 """
 from __future__ import annotations
 
