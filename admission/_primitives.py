@@ -88,6 +88,7 @@ class AsyncClock:
     first awaited call (``resume``)."""
 
     def __init__(self, name: str) -> None:
+        self._name = name
         self._task: asyncio.Task | None = None
         self._due: Callable[[], Awaitable[None]] | None = None
 
@@ -101,7 +102,7 @@ class AsyncClock:
             self._due = run
             return
         self._due = None
-        self._task = loop.create_task(run())  # type: ignore[arg-type]
+        self._task = loop.create_task(run(), name=self._name)  # type: ignore[arg-type]
 
     def resume(self) -> None:
         """Start a clock asked for before a loop ran."""
