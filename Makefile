@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test demo bench unasync clean
 
 venv: $(VENV)/.installed
 
@@ -24,6 +24,10 @@ demo: venv
 
 bench: venv
 	$(PY) -m admission.tools.bench
+
+# The sync client (and script calls) from their asyncio source; tests/test_unasync.py checks them.
+unasync:
+	$(PYTHON) scripts/unasync.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis

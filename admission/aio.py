@@ -1,13 +1,16 @@
-"""The asyncio client: the same core (core.Core, waiting.Book) as the sync client in client.py;
-only the I/O and the waiting primitives differ.
+"""The client every pod's worker calls. Written once, for asyncio, in ``admission/aio.py``; the
+sync client ``admission/client.py`` is generated from it by ``scripts/unasync.py``.
 
     adm = AsyncAdmission.from_url("redis://127.0.0.1:6379/0", mesh="prod", pod="pod-a")
     async with adm.round(lane="reviews", model="sonnet@anthropic", round_id="thr-1/r2") as r:
-        ...
+        ...   # waits when refused, heartbeats, releases on exit
+
+Every decision is one Lua script; this class builds arguments (core.Core), keeps the pod's
+leases alive and wakes its waiters. What differs between the flavours (a lock, a thread or a
+task for the clock, blocking work, cancellation) is in ``_primitives.py``.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from pathlib import Path
@@ -15,57 +18,79 @@ from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 import redis
 import redis.asyncio as aredis
-from ._log import get_logger
 
 from . import scripts
-from .base import CURRENT_HANDLE, CURRENT_ROUND, ClientBase, charge_record, release_record, translated
-from .outbox import Retry
+from ._log import get_logger
+from ._primitives import AsyncClock, AsyncLock, ablocking, ablocking_calling, acheck_confirm, ashielded
+from .base import (CONNECT_TIMEOUT, CURRENT_HANDLE, CURRENT_ROUND, SOCKET_TIMEOUT, ClientBase, RoundBase,
+                   charge_record, fail_fast_options, policy_of, release_record, translated)
 from .classify import outcome_of, retry_after_of
-from .client import CONNECT_TIMEOUT, SOCKET_TIMEOUT, Round, fail_fast_options, policy_of
+from .codes import Status
 from .core import (UNREACHABLE, Bound, Call, Charged, Core, Decision, Progress, Released, Retried, Rollover, Seat, Tick,
                    decode_ledger)
-from .errors import AdmissionError, BadArgument, NoPolicy, UnknownSeat, NotYourSeat, Unavailable, WaitTimeout
+from .errors import AdmissionError, NoPolicy, NotYourSeat, Unavailable, UnknownSeat, WaitTimeout
+from .outbox import Retry
+
+__all__ = ["AsyncAdmission", "AsyncRound", "CONNECT_TIMEOUT", "SOCKET_TIMEOUT", "fail_fast_options", "policy_of"]
 
 log = get_logger("admission")
 
-#: close(): seconds between cancels of the clock task until it ends.
-CANCEL_AGAIN = 0.1
+#: A waiter that gives up withdraws its ticket within this long (else its lease expires it).
+WITHDRAW_TIMEOUT = 2.0
 
 
-class AsyncRound(Round):
-    async def report(self, signal: str, retry_after: float | None = None) -> Released:  # type: ignore[override]
+class AsyncRound(RoundBase):
+    """What ``AsyncAdmission.round`` yields: the seat, and what the round will report on exit."""
+
+    async def report(self, signal: str, retry_after: float | None = None) -> Released:
         return await self._adm.report(self.seat, signal=signal, retry_after=retry_after)
 
-    async def charge(self, cost_usd: float, key: str) -> Charged:  # type: ignore[override]
+    async def charge(self, cost_usd: float, key: str) -> Charged:
+        """Book a cost mid-round (a long round's steps), once per ``key``."""
         return await self._adm.charge(self.seat, cost_usd=cost_usd, key=key)
 
-    async def progress(self, tokens: float) -> Progress:  # type: ignore[override]
+    async def progress(self, tokens: float) -> Progress:
+        """The tokens this round has received so far (a declared round: the cap line's fit)."""
         return await self._adm.progress([(self.seat, tokens)])
 
 
 class AsyncAdmission(ClientBase):
-    """One pod's handle on one mesh, for asyncio workers."""
+    """One pod's handle on one mesh."""
 
     def __init__(self, client: aredis.Redis, *, mesh: str, pod: str, background: bool = True,
                  seed: int | None = None, outbox: Any = None, health: Any = False, confirm_replicas: int = 0,
                  confirm_timeout: float = 0.25):
-        """The options of the sync ``Admission``; ``confirm_replicas`` needs a single server or
-        Sentinel (redis.asyncio's cluster client is not supported here)."""
-        if confirm_replicas and isinstance(client, aredis.RedisCluster):
-            raise BadArgument("confirm_replicas is not supported with redis.asyncio.RedisCluster")
+        """``outbox``: a file path (one per pod) where the releases and charges that meet an
+        unreachable Redis wait, durably, to be replayed once; without one they wait in memory.
+        ``health``: True = this pod's clock runs the planes' health samplers of the policy (each
+        pool's ``health_url``); a list = these samplers (``admission.health.Sampler``).
+        ``confirm_replicas``: with replicas (Sentinel, Cluster), a release or charge is confirmed
+        by ``WAIT confirm_replicas`` (up to ``confirm_timeout`` s); one not confirmed waits in the
+        outbox and is applied again (it counts once) until it is, so a failover loses no dollar
+        (asyncio: a single server or Sentinel; redis.asyncio's cluster client is not supported)."""
+        acheck_confirm(client, confirm_replicas)
         super().__init__(client, mesh=mesh, pod=pod, background=background, seed=seed, outbox=outbox,
                          health=health, confirm_replicas=confirm_replicas, confirm_timeout=confirm_timeout)
-        self._lock = asyncio.Lock()
-        self._wakers: dict[str, asyncio.Condition] = {}  # per pool, on one lock
-        self._task: asyncio.Task | None = None
+        self._lock = AsyncLock()  # the pool's wake-ups; ``self._lock.book`` guards the book
+        self._wakers: dict[str, Any] = {}  # per pool, on that lock
+        self._clock = AsyncClock(f"admission-clock-{pod}")
+        # A restarted pod replays its outbox at once; the samplers run whether or not a round is
+        # held. The asyncio clock is a task: built inside a running loop it starts here, built
+        # before the loop runs it starts at the client's first awaited call.
+        if background and (len(self._pending) or self._health):
+            self._ensure_clock()
 
     @classmethod
     def from_url(cls, url: str, *, mesh: str, pod: str, connect_timeout: float = CONNECT_TIMEOUT,
                  socket_timeout: float = SOCKET_TIMEOUT, **kwargs: Any) -> "AsyncAdmission":
+        """A client that fails fast: a dead server is a shed decision within about
+        connect_timeout + socket_timeout (times one quick retry)."""
         client = aredis.Redis.from_url(url, **fail_fast_options(connect_timeout, socket_timeout))
         return cls(client, mesh=mesh, pod=pod, **kwargs)
 
+    # -- plumbing ------------------------------------------------------------------------------
     async def _exec(self, call: Call):
+        self._clock.resume()  # a clock asked for before the loop ran starts now (a no-op for a thread)
         try:
             reply = await scripts.acall(self.redis, call.script, call.keys, call.args)
         except redis.ResponseError as exc:
@@ -79,6 +104,8 @@ class AsyncAdmission(ClientBase):
             raise Unavailable(f"admission unavailable: {exc}") from exc
 
     async def _exec_ledger(self, call: Call, replicas: int) -> tuple[Any, int]:
+        """A ledger write, then (``replicas`` > 0) WAIT for that many replicas: (the result, how
+        many confirmed it)."""
         if not replicas:
             return await self._exec_or_raise(call), 0
         with translated():
@@ -86,34 +113,53 @@ class AsyncAdmission(ClientBase):
                                                          self._confirm_ms)
         return call.decode(reply), acked
 
+    # -- policy --------------------------------------------------------------------------------
     async def apply_policy(self, policy: str | Path | Mapping[str, Any], expected_version: int | None = None, *,
                            recovery_hold: bool = True, now: float | None = None) -> int:
+        """Validate and apply a policy (a TOML path or its dict form); returns the new version.
+        On a mesh without a policy (new, or wiped by a restart) new admissions wait one
+        heartbeat period unless ``recovery_hold=False`` (see apply_config.lua)."""
         applied = await self._exec_or_raise(self.core.apply(policy_of(policy), expected_version,
                                                             recovery_hold=recovery_hold, now=now))
+        log.info("policy_applied", mesh=self.mesh, version=applied.version, hold_until=applied.hold_until)
         return applied.version
 
     async def policy(self) -> dict[str, Any]:
+        self._clock.resume()
         return self._policy_of(await self.redis.hmget(self.core.config_key, "version", "policy"))
 
     async def tunables(self) -> dict[str, float]:
+        """The live tunables (re-read when the policy version changes), and with them the
+        alternatives, pins and lanes of agents."""
+        self._clock.resume()
         return self._note_tunables(*await self.redis.hmget(self.core.config_key, *self.POLICY_FIELDS))
 
     async def _know_policy(self) -> None:
+        """The first ask of this client reads the live moves once (the clock keeps them)."""
         if self._tunables_version < 0:
             try:
                 await self.tunables()
             except UNREACHABLE:
                 pass  # the ask itself will say so
 
+    # -- one round -----------------------------------------------------------------------------
     async def try_admit(self, *, lane: str | None = None, model: str, round_id: str, agent: str | None = None,
                         now: float | None = None, draw: float | None = None, wait: bool = False,
                         parent: str | None = None, revision: int | None = None,
                         alternatives: list[str] | None = None, borrow: str | None = None,
                         move_to: Callable[[str], bool] | None = None, tokens: float | None = None,
                         input_tokens: float | None = None, max_tokens: float | None = None) -> Decision:
-        """As the sync client's: refused on ``model``, the round moves to the first alternative
-        that admits it, in one call, only where the caller can call (``move_to``: the pools it can run
-        on, in a Thompson draw; ``alternatives``: its own ranking; neither: it stays on ``model``)."""
+        """Ask once. ``wait=True`` leaves a waiter ticket when refused (renewed by this pod's
+        heartbeat). An unreachable Redis gives a refusal with reason ``admission-unavailable``.
+        A refused try (``wait=False``) changes nothing: a waiter elsewhere keeps its place.
+        ``lane`` may be left out when the policy names the agent's lane ([agents]).
+        Refused on ``model``, the round moves to the first of the pool's alternatives that admits
+        it, in one call, only when the caller says where it can call: ``move_to`` keeps the pools
+        it can run on (e.g. its SDK client's provider), ranked by a Thompson draw, or
+        ``alternatives`` ranks them itself. Neither: the round stays on ``model``.
+        ``tokens``: the round's size as the worker knows it (prompt and answer budget); the cap
+        line keeps it waiting while, at the pool's measured seconds per token, it would not end
+        before ``round_cap`` (design §4)."""
         await self._know_policy()
         lane = self._lane(lane, agent)
         if alternatives is None and not borrow:
@@ -128,7 +174,9 @@ class AsyncAdmission(ClientBase):
         except UNREACHABLE as exc:
             log.warning("admission_unavailable", round=round_id, error=str(exc))
             d = self.core.unavailable(lane=lane, model=model, round_id=round_id, borrow=borrow)
-        if self._note_decision(d, lane, wait):
+        with self._lock.book:
+            clock = self._note_decision(d, lane, wait)
+        if clock:
             self._ensure_clock()
         if self._stale_tunables(d):  # a new policy: its moves for the next ask
             try:
@@ -142,52 +190,62 @@ class AsyncAdmission(ClientBase):
     async def report(self, seat: Seat, *, signal: str, now: float | None = None,
                      retry_after: float | None = None, ceiling: str | None = None,
                      reset_s: float | None = None) -> Released:
+        """A load signal in the middle of a round (stall, round cap, 429); the seat stays. A
+        ``retry_after`` with rate_limited pauses the pool (the provider's Retry-After). The signal
+        ``ceiling`` with ``ceiling=`` (rpm, tpm, ...) and ``reset_s``: a 429 naming a spent rate
+        ceiling, not load (that bucket is empty until the reset)."""
         return await self._exec_or_raise(self.core.report(seat, signal=signal, now=now, retry_after=retry_after,
                                                           ceiling=ceiling, reset_s=reset_s))
 
     async def progress(self, received: Iterable[tuple[Seat, float]], now: float | None = None) -> Progress:
-        """See ``Admission.progress``."""
+        """The tokens each of this pod's running rounds has received so far, (seat, tokens) pairs
+        in one call. A round that declared its size gives the cap line's fit a point for the
+        stretch since its last report (design §4, refinement 5): a pool never measured has its
+        line while its first rounds run. Report every 15 to 60 s of a streaming round, not per
+        token. Seats that are not this pod's live ones come back in ``lost``; nothing is written
+        for them."""
         return await self._exec_or_raise(self.core.progress(received, now=now))
 
     async def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
                       cost_usd: float | None = None, now: float | None = None, at: float | None = None,
                       retry_after: float | None = None, received: float | None = None, usage: Any = None,
                       ceiling: str | None = None, reset_s: float | None = None) -> Released:
+        """End a round: free the seat, count the outcome, book its cost (to the UTC day of ``at``,
+        default now). Safe to retry after a lost reply.
+        The pod stops renewing the seat first, whatever the answer: an ended round is never
+        re-asserted. ``retry_after``: the provider's Retry-After (s) with a rate_limited outcome
+        pauses new admissions on the pool until then (at most the tunable retry_after_max).
+        ``received``: the tokens the round received in all, when its declared size was an upper
+        bound (an answer budget): the cap line's fit measures its last stretch with it.
+        When Redis cannot apply it now (unreachable, no policy yet) the release waits in the
+        outbox and is replayed once, as a round's own; the answer then says ``queued``. A seat
+        Redis no longer knows raises ``UnknownSeat``, its cost booked all the same."""
         call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now, at=at,
                                  retry_after=retry_after, received=received, usage=usage, ceiling=ceiling,
                                  reset_s=reset_s)
-        self._book.drop(seat.id)  # never renewed again, whatever the answer
-        released, acked = await self._exec_ledger(call, self._confirming())
-        if acked < self._confirm_replicas:  # applied, but a failover could still lose it: it waits
-            await asyncio.to_thread(self._queue, release_record(seat, outcome, seconds, cost_usd, at, retry_after,
-                                                                   received, usage=usage, ceiling=ceiling,
-                                                                   reset_s=reset_s),
-                                    str(self._unconfirmed(acked)))
-        if released.stats is not None:
-            self._note_stats({released.pool: released.stats})
-        return released
+        record = release_record(seat, outcome, seconds, cost_usd, at, retry_after, received, usage=usage,
+                                ceiling=ceiling, reset_s=reset_s)
+        return await self._end(record, call, now)
 
     async def charge(self, seat: Seat, *, cost_usd: float, key: str, at: float | None = None,
                      now: float | None = None) -> Charged:
+        """Book a cost to the spend ledger mid-round, once per (seat, key). When Redis cannot
+        apply it now the charge waits in the outbox (``queued``) and is replayed once."""
         call = self.core.charge(seat, cost_usd=cost_usd, key=key, at=at, now=now)
         try:
             charged, acked = await self._exec_ledger(call, self._confirming())
         except (Unavailable, NoPolicy) as exc:
-            await asyncio.to_thread(self._queue, charge_record(seat, cost_usd, key, at), type(exc).__name__)
+            await ablocking(self._queue, charge_record(seat, cost_usd, key, at), type(exc).__name__)
             return Charged(False, "", "", queued=True)
         if acked < self._confirm_replicas:
-            await asyncio.to_thread(self._queue, charge_record(seat, cost_usd, key, at), str(self._unconfirmed(acked)))
+            await ablocking(self._queue, charge_record(seat, cost_usd, key, at), str(self._unconfirmed(acked)))
         return charged
 
     async def flush(self) -> int:
-        """Replay the ledger records waiting for Redis now; returns how many still wait. The
-        outbox's own work (file and fsync) runs in a thread, the calls on this loop."""
-        loop = asyncio.get_running_loop()
-
-        def apply(record):
-            return asyncio.run_coroutine_threadsafe(self._apply_record(record), loop).result()
-
-        await asyncio.to_thread(self._pending.replay, apply)
+        """Replay the ledger records waiting for Redis now (the clock does it every beat);
+        returns how many are still waiting. Under asyncio the outbox's own work (file and
+        fsync) runs in a thread, the calls on the loop."""
+        await ablocking_calling(self._pending.replay, self._apply_record)
         return len(self._pending)
 
     # -- the fence between planes ------------------------------------------------------------------
@@ -211,17 +269,21 @@ class AsyncAdmission(ClientBase):
         return await self._exec_or_raise(self.core.bind(action="advance", round_id=round_id, revision=revision, now=now))
 
     async def report_health(self, pool: str, *, depth: int, running: int | None = None, ok: bool = True,
-                      at: float | None = None, now: float | None = None) -> float:
+                            at: float | None = None, now: float | None = None) -> float:
         """Write a health sample of a plane (a lease: fresh for the pool's health_max_age);
         returns until when it counts as capacity."""
-        return await self._exec_or_raise(self.core.health(pool=pool, depth=depth, running=running, ok=ok, at=at, now=now))
+        return await self._exec_or_raise(self.core.health(pool=pool, depth=depth, running=running, ok=ok, at=at,
+                                                          now=now))
 
+    # -- the provider's day ----------------------------------------------------------------------
     async def report_budget(self, reading: Any, now: float | None = None) -> dict[str, Any]:
+        """Store a budget reader's reading (``admission.budget.Reading``) of a provider's day."""
         return await self._exec_or_raise(self.core.budget(provider=reading.provider, limit_usd=reading.limit_usd,
                                                           spent_usd=reading.spent_usd, at=reading.at, now=now))
 
     async def close_provider(self, provider: str, *, why: str, seconds: float | None = None,
                              now: float | None = None) -> float:
+        """Close every pool of a provider by hand (until midnight UTC, or ``seconds``)."""
         return await self._exec_or_raise(self.core.closure(action="close", provider=provider, why=why,
                                                            seconds=seconds, now=now))
 
@@ -229,32 +291,40 @@ class AsyncAdmission(ClientBase):
         await self._exec_or_raise(self.core.closure(action="reopen", provider=provider, why=why, now=now))
 
     async def rollover(self, now: float | None = None) -> Rollover:
+        """The midnight roll-over (idempotent per UTC day); see ``admission day-rollover``."""
         return await self._exec_or_raise(self.core.rollover(now))
 
     async def ledger(self, day: str) -> dict[str, dict[str, float]]:
+        """The spend ledger of a UTC day (YYYY-MM-DD): {lane: {provider: USD}}."""
+        self._clock.resume()
         return decode_ledger(await self.redis.hgetall(f"adm:{{{self.mesh}}}:spend:{day}"))
 
     async def admit_waiting(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
-                            agent: str | None = None, parent: str | None = None,
-                            revision: str | None = None, move_to: Callable[[str], bool] | None = None,
-                            tokens: float | None = None, input_tokens: float | None = None,
-                            max_tokens: float | None = None) -> Decision:
-        """As the sync client's: every way out that is not an admission (timeout, an error, a
-        cancellation such as ``asyncio.timeout``) leaves the book and withdraws the ticket."""
+                            agent: str | None = None, parent: str | None = None, revision: int | None = None,
+                            move_to: Callable[[str], bool] | None = None, tokens: float | None = None,
+                            input_tokens: float | None = None, max_tokens: float | None = None) -> Decision:
+        """Ask, and when refused wait as a waiter until admitted or ``timeout`` (WaitTimeout).
+        With ``move_to`` the waiter re-asks across the alternatives it keeps, woken by a release
+        on any of them; without it the round stays on ``model``.
+        Every way out that is not an admission (timeout, an error, an interrupt, a cancellation
+        such as ``asyncio.timeout``) removes the waiter from the pod's book and withdraws its
+        ticket."""
         deadline = time.monotonic() + timeout
         await self._know_policy()
         lane = self._lane(lane, agent)
         ask = dict(lane=lane, model=model, round_id=round_id, agent=agent, parent=parent, revision=revision,
                    move_to=move_to, tokens=tokens, input_tokens=input_tokens, max_tokens=max_tokens)
-        self._check_free(round_id)
-        self._book.wait(lane, model, round_id)
+        with self._lock.book:
+            self._check_free(round_id)
+            self._book.wait(lane, model, round_id)
         if self.background:
-            self._ensure_clock()
+            self._ensure_clock()  # every waiting path has its clock (heartbeat, wake-ups)
         d: Decision | None = None
         try:
             while True:
-                gen = self._gens.get(model, 0)
-                self._book.asking(round_id)
+                with self._lock.book:
+                    gen = self._gens.get(model, 0)
+                    self._book.asking(round_id)
                 d = await self.try_admit(**ask, wait=True)
                 if d.admitted:
                     break
@@ -264,41 +334,49 @@ class AsyncAdmission(ClientBase):
                                       d.reason)
         finally:
             if d is None or not d.admitted:
-                self._book.leave(round_id)  # first, synchronously: even a cancelled task leaves the book
                 await self._give_up(model, round_id)
         await self._wake(model)  # the next oldest may ask now
         return d
 
     async def _sleep_until_turn(self, pool: str, round_id: str, gen: int, interval: float, deadline: float) -> None:
+        """Sleep until this waiter may ask again: it is the pod's oldest of its lane and pool (or
+        has no place yet), and the pool was woken since its last ask began (a wake-up during
+        the ask is not lost) or ``interval`` has passed."""
         asked = time.monotonic()
-        waker = self._waker(pool)
-        async with waker:
+        async with self._lock:
+            waker = self._waker(pool)
             while (now := time.monotonic()) < deadline:
                 if self._book.may_ask(round_id) and (self._gens.get(pool, 0) != gen or now - asked >= interval):
                     return
                 rest = asked + interval - now
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(waker.wait(), min(deadline - now, rest if rest > 0 else interval))
+                await waker.wait(min(deadline - now, rest if rest > 0 else interval))
 
-    def _waker(self, pool: str) -> asyncio.Condition:
+    def _waker(self, pool: str) -> Any:
+        """The condition a pool's waiters sleep on (call with the lock held)."""
         if pool not in self._wakers:
-            self._wakers[pool] = asyncio.Condition(self._lock)
+            self._wakers[pool] = self._lock.condition()
         return self._wakers[pool]
 
     async def _wake(self, pool: str | None = None) -> None:
-        """Wake the waiters of one pool (a release there), or of every pool (the clock)."""
+        """Wake the waiters of one pool (a release there) and of the pools that list it as an
+        alternative, or of every pool (the clock)."""
         async with self._lock:
             for p in self._woken(pool) if pool else list(self._wakers):
                 self._gens[p] = self._gens.get(p, 0) + 1
                 self._waker(p).notify_all()
 
     async def _give_up(self, pool: str, round_id: str) -> None:
-        """Withdraw the ticket, shielded from a second cancellation and bounded in time."""
+        """The waiter leaves the pod's book first, before any await (even a cancelled task does:
+        no heartbeat renews it from now on), then withdraws its ticket, shielded from a second
+        cancellation and bounded in time (the ticket's lease expires on its own)."""
+        with self._lock.book:
+            self._book.leave(round_id)
+
         async def withdraw() -> None:
             await self._wake(pool)
             await self._exec(self.core.withdraw(round_id))
         try:
-            await asyncio.wait_for(asyncio.shield(withdraw()), timeout=2)
+            await ashielded(withdraw(), timeout=WITHDRAW_TIMEOUT)
         except BaseException as exc:  # noqa: BLE001 - the ticket's lease expires on its own
             log.info("withdraw_failed", round=round_id, error=repr(exc))
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
@@ -306,18 +384,19 @@ class AsyncAdmission(ClientBase):
 
     @contextlib.asynccontextmanager
     async def round(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
-                    agent: str | None = None, parent: str | None = None,
-                    revision: str | None = None,
+                    agent: str | None = None, parent: str | None = None, revision: int | None = None,
                     move_to: Callable[[str], bool] | None = None,
                     tokens: float | None = None, input_tokens: float | None = None,
                     max_tokens: float | None = None) -> AsyncIterator[AsyncRound]:
-        """As the sync client's; a nested ``round()`` in this task (or a task it starts) is this
-        round's delegated sub-round."""
+        """Wait for a seat, keep it alive, release it on exit with the classified outcome.
+        Inside, a nested ``round()`` is this round's delegated sub-round (``parent`` defaults to
+        the round held here, in this thread or task or a task it starts; ``parent=""`` for
+        none). The round may run on an alternative of ``model``: ``handle.pool`` says where."""
         d = self._own(await self.admit_waiting(lane=lane, model=model, round_id=round_id, timeout=timeout,
                                                agent=agent, parent=self._parent(parent), revision=revision,
                                                move_to=move_to, tokens=tokens,
                                                input_tokens=input_tokens, max_tokens=max_tokens))
-        handle, started = AsyncRound(self, d), time.monotonic()  # type: ignore[arg-type]
+        handle, started = AsyncRound(self, d), time.monotonic()
         token, held = CURRENT_ROUND.set(d.round_id), CURRENT_HANDLE.set(handle)
         try:
             yield handle
@@ -331,45 +410,79 @@ class AsyncAdmission(ClientBase):
                 CURRENT_ROUND.reset(token)
                 CURRENT_HANDLE.reset(held)
 
-    async def _finish(self, handle: Round, outcome: str, started: float, raising: bool,
+    async def _finish(self, handle: AsyncRound, outcome: str, started: float, raising: bool,
                       retry_after: float | None = None) -> None:
-        self._book.drop(handle.seat.id)
+        """The round ended: released as ``release()`` does (``_end``); a refusal for good is
+        recorded there, and a bad value set on the round is raised once the seat is released."""
         record, bad = self._exit_record(handle, outcome, time.monotonic() - started, retry_after)
         try:
-            await asyncio.shield(self._apply_record(record, self._confirming()))
-        except Retry as exc:
-            await asyncio.to_thread(self._queue, record, str(exc))
-        except asyncio.CancelledError:
-            self._queue(record, "cancelled")  # replayed by the clock; release and charge count once
-            raise
+            await self._end(record)
         except AdmissionError:
-            pass  # refused for good: recorded by _apply_record
+            pass  # refused for good: recorded by _apply
         if bad is not None and raising:
             raise bad
 
-    async def _apply_record(self, record: dict[str, Any], replicas: int | None = None) -> None:
-        want = self._confirm_replicas if replicas is None else replicas
-        call, lost_seat_charge = self._calls(record, self.core)
+    async def _end(self, record: dict[str, Any], call: Call | None = None, now: float | None = None) -> Released:
+        """The one way a round ends (``release()`` and ``round()``'s exit): its seat leaves the
+        book at once; the release is applied now, or, while Redis cannot apply it (unreachable,
+        no policy yet, cancelled on the way), kept in the outbox and replayed once by the clock:
+        the answer then says ``queued``. One applied but not confirmed by the replicas waits
+        there too. ``call``, ``now``: the release as the caller built it."""
+        seat = Seat(*record["seat"])
+        with self._lock.book:
+            self._book.drop(seat.id)
+        try:
+            released, acked = await ashielded(self._apply(record, self._confirming(), call, now),
+                                              on_cancel=lambda: self._queue(record, "cancelled"))
+        except Retry as exc:
+            await ablocking(self._queue, record, str(exc))
+            return Released(Status.RELEASED, seat.pool, False, None, queued=True)
+        if acked < self._confirm_replicas:  # applied, but a failover could still lose it: it waits
+            await ablocking(self._queue, record, str(self._unconfirmed(acked)))
+        if isinstance(released, UnknownSeat):
+            raise released
+        if released.stats is not None:
+            self._note_stats({released.pool: released.stats})
+        return released
+
+    async def _apply(self, record: dict[str, Any], replicas: int, call: Call | None = None,
+                     now: float | None = None) -> tuple[Any, int]:
+        """Apply one ledger record (``call``: as built, else from the record): (the answer, how
+        many replicas confirmed it). Raises ``Retry`` while Redis cannot apply it (unreachable,
+        no policy yet). A release whose seat Redis no longer knows is recorded and its cost
+        booked; its answer is that ``UnknownSeat``. Any other refusal is recorded and raised."""
+        built, lost_seat_charge = self._calls(record, self.core, now)
         try:
             try:
-                _, acked = await self._exec_ledger(call, want)
+                return await self._exec_ledger(call or built, replicas)
             except UnknownSeat as exc:
-                acked = want
+                acked = replicas
                 if lost_seat_charge is not None:
-                    _, acked = await self._exec_ledger(lost_seat_charge, want)
+                    _, acked = await self._exec_ledger(lost_seat_charge, replicas)
                 self._unapplied(record, exc, cost_booked=lost_seat_charge is not None)
+                return exc, acked
         except (Unavailable, NoPolicy) as exc:
             raise Retry(type(exc).__name__) from exc
         except AdmissionError as exc:
             self._unapplied(record, exc)
             raise
+
+    async def _apply_record(self, record: dict[str, Any], replicas: int | None = None) -> None:
+        """Replay one ledger record. Raises ``Retry`` while Redis cannot apply it (unreachable, no
+        policy yet), ``Unconfirmed`` while too few replicas have it. ``replicas``: how many to
+        WAIT for (default ``confirm_replicas``; a replay always waits)."""
+        _, acked = await self._apply(record, self._confirm_replicas if replicas is None else replicas)
         if acked < self._confirm_replicas:
             raise self._unconfirmed(acked)
 
+    # -- the clock -----------------------------------------------------------------------------
     async def heartbeat(self, now: float | None = None):
-        snap = self._book.snapshot()
+        """Renew every lease this pod holds (one call); the background clock calls it."""
+        with self._lock.book:
+            snap = self._book.snapshot()
         hb = await self._exec_or_raise(self.core.heartbeat(snap.seats_list(), list(snap.tickets), now))
-        lost, lost_tickets, pools = self._note_heartbeat(snap, hb, now)
+        with self._lock.book:
+            lost, lost_tickets, pools = self._note_heartbeat(snap, hb, now)
         for pool in pools:
             await self._wake(pool)
         if lost or hb.reasserted or lost_tickets:
@@ -377,27 +490,32 @@ class AsyncAdmission(ClientBase):
         return hb
 
     async def tick(self, now: float | None = None) -> Tick:
+        """The pool clock: growth steps, bounded sweep, wake-ups. Idempotent across pods."""
         return await self._exec_or_raise(self.core.tick(now))
 
     async def _watchdog(self) -> None:
+        """Report stalls and round caps; a signal counts as sent only once Redis applied it."""
         t = self._tunables
-        for held, signal in self._book.overdue(t["stall_after"], t["round_cap"]):
+        with self._lock.book:
+            due = self._book.overdue(t["stall_after"], t["round_cap"])
+        for held, signal in due:
             try:
                 await self.report(held.seat, signal=signal)
             except NotYourSeat:
-                pass
-            except AdmissionError as exc:
+                pass  # the seat is another pod's now: nothing of ours to report
+            except AdmissionError as exc:  # unreachable, unknown until re-asserted: next beat
                 log.warning("report_retry", round=held.seat.id, signal=signal, error=str(exc))
                 continue
             log.warning("round_overdue", round=held.seat.id, signal=signal)
-            self._book.signalled(held, signal)
+            with self._lock.book:
+                self._book.signalled(held, signal)
 
     async def _step(self, name: str, fn) -> bool:
+        """One duty of the clock; a failing one never stops the others (a cancellation is no
+        Exception: it ends the clock)."""
         try:
             await fn()
             return True
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # keep the clock alive through outages
             log.warning("clock_error", step=name, error=repr(exc))
             return False
@@ -407,6 +525,7 @@ class AsyncAdmission(ClientBase):
         await self.heartbeat()
 
     async def _sample_health(self) -> None:
+        """The planes' health samplers that are due (``health=``): a failed one writes nothing."""
         if self._health_stale():
             self._health_rebuild(await self.policy())
         due = self._health_due()
@@ -414,12 +533,12 @@ class AsyncAdmission(ClientBase):
             await self._health_run.arun_once(self, due)
 
     def _ensure_clock(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._clock())
+        self._clock.start(self._run_clock)
 
-    async def _clock(self) -> None:
-        pubsub, next_beat, next_tick = None, 0.0, 0.0
-        while True:
+    async def _run_clock(self) -> None:
+        pubsub = None
+        next_beat = next_tick = 0.0
+        while not self._clock.stopped():
             try:
                 if pubsub is None:
                     pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
@@ -427,14 +546,13 @@ class AsyncAdmission(ClientBase):
                 msg = await pubsub.get_message(timeout=0.5)
                 if msg is not None:
                     await self._wake(msg["data"].decode())
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:
                 log.warning("clock_error", step="wake-ups", error=repr(exc))
                 pubsub = None
-                await asyncio.sleep(0.5)
+                await self._clock.sleep(0.5)
             now = time.monotonic()
             if now >= next_beat:
+                # a failed heartbeat is retried on the next turn (about 0.5 s), not a period later
                 if await self._step("heartbeat", self._beat):
                     next_beat = now + self._tunables["lease_ttl"] / 3
                 await self._step("watchdog", self._watchdog)
@@ -448,35 +566,34 @@ class AsyncAdmission(ClientBase):
                 await self._wake()
 
     async def close(self) -> None:
-        """Stop the clock. A cancel can be lost: on Python 3.11 redis-py's ``asyncio.wait_for``
-        swallows one that lands just as a command finishes sending, and the clock goes on; so
-        cancel again until the task has ended (a single cancel hung close() for ever)."""
-        task = self._task
-        if task is None:
-            return
-        while not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=CANCEL_AGAIN)
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        """Stop the background clock (held seats then expire with their leases)."""
+        await self._clock.stop()
 
     async def __aenter__(self) -> "AsyncAdmission":
+        self._clock.resume()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
+    # -- reading -------------------------------------------------------------------------------
     async def census(self, now: float | None = None) -> dict[str, Any]:
+        """Rebuild and return the read model (also stored in the ``census`` key)."""
         return await self._exec_or_raise(self.core.census(now))
 
     async def plan(self, *, lane: str | None = None, model: str, wanted: int, now: float | None = None,
                    agent: str | None = None, move_to: Callable[[str], bool] | None = None) -> int:
+        """How many of ``wanted`` new rounds of ``lane`` would start now on ``model`` or, moving,
+        on its alternatives that ``move_to`` keeps (none without it; not for a hard pin); nothing
+        seated."""
         return sum((await self.plan_pools(lane=lane, pools=[model], wanted=wanted, now=now, agent=agent,
                                           move_to=move_to)).values())
 
     async def plan_pools(self, *, lane: str | None = None, pools: list[str] | None, wanted: int,
                          now: float | None = None, agent: str | None = None,
                          move_to: Callable[[str], bool] | None = None) -> dict[str, int]:
+        """Plan per pool: the pools asked for (None: the lane's), then the alternatives ``move_to``
+        keeps that would take some of the rest (as ``try_admit`` moves)."""
         if move_to is not None:
             await self._know_policy()
         return await self._exec_or_raise(self.core.plan(lane=lane, pools=pools, wanted=wanted, now=now, agent=agent,
@@ -484,5 +601,6 @@ class AsyncAdmission(ClientBase):
 
     async def allowance(self, *, lane: str | None = None, now: float | None = None, wanted: int = 10_000,
                         agent: str | None = None, move_to: Callable[[str], bool] | None = None) -> int:
+        """What a lane that starts work paces itself by: plan over the lane's pools."""
         return sum((await self.plan_pools(lane=lane, pools=None, wanted=wanted, now=now, agent=agent,
                                           move_to=move_to)).values())

@@ -11,9 +11,11 @@ from collections import deque
 from contextvars import ContextVar
 from dataclasses import asdict, astuple
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry as RedisRetry
 
 from . import policy as policy_mod
 from ._log import get_logger
@@ -27,6 +29,10 @@ from .outbox import Outbox, OutboxFull, Retry, Unconfirmed
 from .waiting import Book, Snapshot
 
 log = get_logger("admission")
+
+#: Fail fast: a decision under an unreachable Redis is a shed within about this long.
+CONNECT_TIMEOUT = 0.25
+SOCKET_TIMEOUT = 0.5
 
 #: A waiter whose last ask met an unreachable Redis asks again this soon (not on the pool
 #: clock): rounds asking across a failover are admitted within about this of the promotion.
@@ -51,6 +57,35 @@ NO_MOVES: dict[str, Any] = {"alternatives": {}, "pinLanes": [], "pinAgents": [],
 #: Ledger records kept in memory (no outbox, or a full one) for a retry while Redis cannot apply
 #: them. Past this the oldest is dropped with an error in the log.
 MAX_PENDING = 10_000
+
+
+def fail_fast_options(connect_timeout: float = CONNECT_TIMEOUT, socket_timeout: float = SOCKET_TIMEOUT) -> dict:
+    """redis-py options that bound a dead server to a fraction of a second (one quick retry,
+    so a connection broken by a restart reconnects once)."""
+    return dict(socket_connect_timeout=connect_timeout, socket_timeout=socket_timeout,
+                retry=RedisRetry(NoBackoff(), 1), health_check_interval=0)
+
+
+def policy_of(policy: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+    return policy_mod.load(policy) if isinstance(policy, (str, Path)) else policy_mod.validate(policy)
+
+
+class RoundBase:
+    """What a client's ``round()`` yields: the seat, and what the round will report on exit
+    (``Round`` and ``AsyncRound`` add the calls in their flavour)."""
+
+    def __init__(self, adm: Any, decision: Decision):
+        self.decision = decision
+        self.seat: Seat = decision.seat  # type: ignore[assignment]
+        self.pool = decision.pool
+        self.outcome: str | None = None  # set to override the outcome reported on exit
+        self.cost_usd: float | None = None  # set to the round's price
+        self.retry_after: float | None = None  # set to the provider's Retry-After (s) it ended with
+        self.received: float | None = None  # set to the tokens it received in all (declared: the fit's last point)
+        self.usage: Any = None  # set to what the provider counted (core.Usage): the ceilings reconcile it
+        self.ceiling: str | None = None  # set to the rate ceiling a 429 named as spent (rpm, tpm, ...)
+        self.reset_s: float | None = None  # and the seconds until it resets
+        self._adm = adm
 
 
 def release_record(seat: Seat, outcome: str, seconds: float, cost_usd: float | None,
@@ -367,9 +402,10 @@ class ClientBase:
         """Now on the server's clock, as far as this pod's last heartbeat told it."""
         return time.time() + self._skew
 
-    def _calls(self, record: dict[str, Any], core: Core) -> tuple[Call, Call | None]:
+    def _calls(self, record: dict[str, Any], core: Core, now: float | None = None) -> tuple[Call, Call | None]:
         """The script call a ledger record makes, and the charge that books a release's cost
-        when Redis no longer knows its seat (a restart lost it, or its tombstone's day passed)."""
+        when Redis no longer knows its seat (a restart lost it, or its tombstone's day passed;
+        ``now``: a direct release's)."""
         seat = Seat(*record["seat"])
         if record["op"] == "charge":
             return core.charge(seat, cost_usd=record["cost_usd"], key=record["key"], at=record["at"]), None
@@ -386,7 +422,7 @@ class ClientBase:
                             received=record.get("received"), usage=record.get("usage"),
                             ceiling=record.get("ceiling"), reset_s=reset_s)
         lost = None if record["cost_usd"] is None else core.charge(seat, cost_usd=record["cost_usd"],
-                                                                   key="release", at=record["at"])
+                                                                   key="release", at=record["at"], now=now)
         return call, lost
 
     def _confirming(self) -> int:

@@ -1,67 +1,47 @@
-"""The synchronous client every pod's worker calls (see ``aio.py`` for asyncio).
+# GENERATED from admission/aio.py by scripts/unasync.py: do not edit by hand.
+# Edit admission/aio.py and run `python scripts/unasync.py` (tests/test_unasync.py fails while this is stale).
+"""The client every pod's worker calls. Written once, for asyncio, in ``admission/aio.py``; the
+sync client ``admission/client.py`` is generated from it by ``scripts/unasync.py``.
 
     adm = Admission.from_url("redis://127.0.0.1:6379/0", mesh="prod", pod="pod-a")
     with adm.round(lane="reviews", model="sonnet@anthropic", round_id="thr-1/r2") as r:
         ...   # waits when refused, heartbeats, releases on exit
 
 Every decision is one Lua script; this class builds arguments (core.Core), keeps the pod's
-leases alive and wakes its waiters.
+leases alive and wakes its waiters. What differs between the flavours (a lock, a thread or a
+task for the clock, blocking work, cancellation) is in ``_primitives.py``.
 """
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Iterator, Callable, Iterable, Mapping
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry as RedisRetry
 
-from . import policy as policy_mod
 from . import scripts
 from ._log import get_logger
-from .base import CURRENT_HANDLE, CURRENT_ROUND, ClientBase, charge_record, release_record, translated
+from ._primitives import Clock, Lock, blocking, blocking_calling, check_confirm, shielded
+from .base import (CONNECT_TIMEOUT, CURRENT_HANDLE, CURRENT_ROUND, SOCKET_TIMEOUT, ClientBase, RoundBase,
+                   charge_record, fail_fast_options, policy_of, release_record, translated)
 from .classify import outcome_of, retry_after_of
-from .outbox import Retry
+from .codes import Status
 from .core import (UNREACHABLE, Bound, Call, Charged, Core, Decision, Progress, Released, Retried, Rollover, Seat, Tick,
                    decode_ledger)
 from .errors import AdmissionError, NoPolicy, NotYourSeat, Unavailable, UnknownSeat, WaitTimeout
+from .outbox import Retry
+
+__all__ = ["Admission", "Round", "CONNECT_TIMEOUT", "SOCKET_TIMEOUT", "fail_fast_options", "policy_of"]
 
 log = get_logger("admission")
 
-#: Fail fast: a decision under an unreachable Redis is a shed within about this long.
-CONNECT_TIMEOUT = 0.25
-SOCKET_TIMEOUT = 0.5
+#: A waiter that gives up withdraws its ticket within this long (else its lease expires it).
+WITHDRAW_TIMEOUT = 2.0
 
 
-def fail_fast_options(connect_timeout: float = CONNECT_TIMEOUT, socket_timeout: float = SOCKET_TIMEOUT) -> dict:
-    """redis-py options that bound a dead server to a fraction of a second (one quick retry,
-    so a connection broken by a restart reconnects once)."""
-    return dict(socket_connect_timeout=connect_timeout, socket_timeout=socket_timeout,
-                retry=RedisRetry(NoBackoff(), 1), health_check_interval=0)
-
-
-def policy_of(policy: str | Path | Mapping[str, Any]) -> dict[str, Any]:
-    return policy_mod.load(policy) if isinstance(policy, (str, Path)) else policy_mod.validate(policy)
-
-
-class Round:
+class Round(RoundBase):
     """What ``Admission.round`` yields: the seat, and what the round will report on exit."""
-
-    def __init__(self, adm: "Admission", decision: Decision):
-        self.decision = decision
-        self.seat: Seat = decision.seat  # type: ignore[assignment]
-        self.pool = decision.pool
-        self.outcome: str | None = None  # set to override the outcome reported on exit
-        self.cost_usd: float | None = None  # set to the round's price
-        self.retry_after: float | None = None  # set to the provider's Retry-After (s) it ended with
-        self.received: float | None = None  # set to the tokens it received in all (declared: the fit's last point)
-        self.usage: Any = None  # set to what the provider counted (core.Usage): the ceilings reconcile it
-        self.ceiling: str | None = None  # set to the rate ceiling a 429 named as spent (rpm, tpm, ...)
-        self.reset_s: float | None = None  # and the seconds until it resets
-        self._adm = adm
 
     def report(self, signal: str, retry_after: float | None = None) -> Released:
         return self._adm.report(self.seat, signal=signal, retry_after=retry_after)
@@ -87,14 +67,17 @@ class Admission(ClientBase):
         pool's ``health_url``); a list = these samplers (``admission.health.Sampler``).
         ``confirm_replicas``: with replicas (Sentinel, Cluster), a release or charge is confirmed
         by ``WAIT confirm_replicas`` (up to ``confirm_timeout`` s); one not confirmed waits in the
-        outbox and is applied again (it counts once) until it is, so a failover loses no dollar."""
+        outbox and is applied again (it counts once) until it is, so a failover loses no dollar
+        (asyncio: a single server or Sentinel; redis.asyncio's cluster client is not supported)."""
+        check_confirm(client, confirm_replicas)
         super().__init__(client, mesh=mesh, pod=pod, background=background, seed=seed, outbox=outbox,
                          health=health, confirm_replicas=confirm_replicas, confirm_timeout=confirm_timeout)
-        self._cond = threading.Condition()  # guards the book
-        self._wakers: dict[str, threading.Condition] = {}  # per pool, on the same lock
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        # a restarted pod replays its outbox at once; the samplers run whether or not a round is held
+        self._lock = Lock()  # the pool's wake-ups; ``self._lock.book`` guards the book
+        self._wakers: dict[str, Any] = {}  # per pool, on that lock
+        self._clock = Clock(f"admission-clock-{pod}")
+        # A restarted pod replays its outbox at once; the samplers run whether or not a round is
+        # held. The asyncio clock is a task: built inside a running loop it starts here, built
+        # before the loop runs it starts at the client's first awaited call.
         if background and (len(self._pending) or self._health):
             self._ensure_clock()
 
@@ -108,6 +91,7 @@ class Admission(ClientBase):
 
     # -- plumbing ------------------------------------------------------------------------------
     def _exec(self, call: Call):
+        self._clock.resume()  # a clock asked for before the loop ran starts now (a no-op for a thread)
         try:
             reply = scripts.call(self.redis, call.script, call.keys, call.args)
         except redis.ResponseError as exc:
@@ -142,11 +126,13 @@ class Admission(ClientBase):
         return applied.version
 
     def policy(self) -> dict[str, Any]:
+        self._clock.resume()
         return self._policy_of(self.redis.hmget(self.core.config_key, "version", "policy"))
 
     def tunables(self) -> dict[str, float]:
         """The live tunables (re-read when the policy version changes), and with them the
         alternatives, pins and lanes of agents."""
+        self._clock.resume()
         return self._note_tunables(*self.redis.hmget(self.core.config_key, *self.POLICY_FIELDS))
 
     def _know_policy(self) -> None:
@@ -189,7 +175,7 @@ class Admission(ClientBase):
         except UNREACHABLE as exc:
             log.warning("admission_unavailable", round=round_id, error=str(exc))
             d = self.core.unavailable(lane=lane, model=model, round_id=round_id, borrow=borrow)
-        with self._cond:
+        with self._lock.book:
             clock = self._note_decision(d, lane, wait)
         if clock:
             self._ensure_clock()
@@ -203,7 +189,8 @@ class Admission(ClientBase):
         return d
 
     def report(self, seat: Seat, *, signal: str, now: float | None = None,
-               retry_after: float | None = None, ceiling: str | None = None, reset_s: float | None = None) -> Released:
+               retry_after: float | None = None, ceiling: str | None = None,
+               reset_s: float | None = None) -> Released:
         """A load signal in the middle of a round (stall, round cap, 429); the seat stays. A
         ``retry_after`` with rate_limited pauses the pool (the provider's Retry-After). The signal
         ``ceiling`` with ``ceiling=`` (rpm, tpm, ...) and ``reset_s``: a 429 naming a spent rate
@@ -230,20 +217,16 @@ class Admission(ClientBase):
         re-asserted. ``retry_after``: the provider's Retry-After (s) with a rate_limited outcome
         pauses new admissions on the pool until then (at most the tunable retry_after_max).
         ``received``: the tokens the round received in all, when its declared size was an upper
-        bound (an answer budget): the cap line's fit measures its last stretch with it."""
+        bound (an answer budget): the cap line's fit measures its last stretch with it.
+        When Redis cannot apply it now (unreachable, no policy yet) the release waits in the
+        outbox and is replayed once, as a round's own; the answer then says ``queued``. A seat
+        Redis no longer knows raises ``UnknownSeat``, its cost booked all the same."""
         call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now, at=at,
                                  retry_after=retry_after, received=received, usage=usage, ceiling=ceiling,
                                  reset_s=reset_s)
-        with self._cond:
-            self._book.drop(seat.id)
-        released, acked = self._exec_ledger(call, self._confirming())
-        if acked < self._confirm_replicas:  # applied, but a failover could still lose it: it waits
-            self._queue(release_record(seat, outcome, seconds, cost_usd, at, retry_after, received, usage=usage,
-                                       ceiling=ceiling, reset_s=reset_s),
-                        str(self._unconfirmed(acked)))
-        if released.stats is not None:
-            self._note_stats({released.pool: released.stats})
-        return released
+        record = release_record(seat, outcome, seconds, cost_usd, at, retry_after, received, usage=usage,
+                                ceiling=ceiling, reset_s=reset_s)
+        return self._end(record, call, now)
 
     def charge(self, seat: Seat, *, cost_usd: float, key: str, at: float | None = None,
                now: float | None = None) -> Charged:
@@ -253,16 +236,17 @@ class Admission(ClientBase):
         try:
             charged, acked = self._exec_ledger(call, self._confirming())
         except (Unavailable, NoPolicy) as exc:
-            self._queue(charge_record(seat, cost_usd, key, at), type(exc).__name__)  # fsync'd: not under the lock
+            blocking(self._queue, charge_record(seat, cost_usd, key, at), type(exc).__name__)
             return Charged(False, "", "", queued=True)
         if acked < self._confirm_replicas:
-            self._queue(charge_record(seat, cost_usd, key, at), str(self._unconfirmed(acked)))
+            blocking(self._queue, charge_record(seat, cost_usd, key, at), str(self._unconfirmed(acked)))
         return charged
 
     def flush(self) -> int:
         """Replay the ledger records waiting for Redis now (the clock does it every beat);
-        returns how many are still waiting."""
-        self._pending.replay(self._apply_record)
+        returns how many are still waiting. Under asyncio the outbox's own work (file and
+        fsync) runs in a thread, the calls on the loop."""
+        blocking_calling(self._pending.replay, self._apply_record)
         return len(self._pending)
 
     # -- the fence between planes ------------------------------------------------------------------
@@ -289,7 +273,8 @@ class Admission(ClientBase):
                       at: float | None = None, now: float | None = None) -> float:
         """Write a health sample of a plane (a lease: fresh for the pool's health_max_age);
         returns until when it counts as capacity."""
-        return self._exec_or_raise(self.core.health(pool=pool, depth=depth, running=running, ok=ok, at=at, now=now))
+        return self._exec_or_raise(self.core.health(pool=pool, depth=depth, running=running, ok=ok, at=at,
+                                                    now=now))
 
     # -- the provider's day ----------------------------------------------------------------------
     def report_budget(self, reading: Any, now: float | None = None) -> dict[str, Any]:
@@ -312,23 +297,25 @@ class Admission(ClientBase):
 
     def ledger(self, day: str) -> dict[str, dict[str, float]]:
         """The spend ledger of a UTC day (YYYY-MM-DD): {lane: {provider: USD}}."""
+        self._clock.resume()
         return decode_ledger(self.redis.hgetall(f"adm:{{{self.mesh}}}:spend:{day}"))
 
     def admit_waiting(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
-                      agent: str | None = None, parent: str | None = None, revision: str | None = None,
+                      agent: str | None = None, parent: str | None = None, revision: int | None = None,
                       move_to: Callable[[str], bool] | None = None, tokens: float | None = None,
                       input_tokens: float | None = None, max_tokens: float | None = None) -> Decision:
         """Ask, and when refused wait as a waiter until admitted or ``timeout`` (WaitTimeout).
         With ``move_to`` the waiter re-asks across the alternatives it keeps, woken by a release
         on any of them; without it the round stays on ``model``.
-        Every way out that is not an admission (timeout, an error, an interrupt) removes the
-        waiter from the pod's book and withdraws its ticket."""
+        Every way out that is not an admission (timeout, an error, an interrupt, a cancellation
+        such as ``asyncio.timeout``) removes the waiter from the pod's book and withdraws its
+        ticket."""
         deadline = time.monotonic() + timeout
         self._know_policy()
         lane = self._lane(lane, agent)
         ask = dict(lane=lane, model=model, round_id=round_id, agent=agent, parent=parent, revision=revision,
                    move_to=move_to, tokens=tokens, input_tokens=input_tokens, max_tokens=max_tokens)
-        with self._cond:
+        with self._lock.book:
             self._check_free(round_id)
             self._book.wait(lane, model, round_id)
         if self.background:
@@ -336,7 +323,7 @@ class Admission(ClientBase):
         d: Decision | None = None
         try:
             while True:
-                with self._cond:
+                with self._lock.book:
                     gen = self._gens.get(model, 0)
                     self._book.asking(round_id)
                 d = self.try_admit(**ask, wait=True)
@@ -357,7 +344,7 @@ class Admission(ClientBase):
         has no place yet), and the pool was woken since its last ask began (a wake-up during
         the ask is not lost) or ``interval`` has passed."""
         asked = time.monotonic()
-        with self._cond:
+        with self._lock:
             waker = self._waker(pool)
             while (now := time.monotonic()) < deadline:
                 if self._book.may_ask(round_id) and (self._gens.get(pool, 0) != gen or now - asked >= interval):
@@ -365,38 +352,47 @@ class Admission(ClientBase):
                 rest = asked + interval - now
                 waker.wait(min(deadline - now, rest if rest > 0 else interval))
 
-    def _waker(self, pool: str) -> threading.Condition:
-        """The condition a pool's waiters sleep on (call with the book's lock held)."""
+    def _waker(self, pool: str) -> Any:
+        """The condition a pool's waiters sleep on (call with the lock held)."""
         if pool not in self._wakers:
-            self._wakers[pool] = threading.Condition(self._cond._lock)  # type: ignore[attr-defined]
+            self._wakers[pool] = self._lock.condition()
         return self._wakers[pool]
 
     def _wake(self, pool: str | None = None) -> None:
         """Wake the waiters of one pool (a release there) and of the pools that list it as an
         alternative, or of every pool (the clock)."""
-        with self._cond:
+        with self._lock:
             for p in self._woken(pool) if pool else list(self._wakers):
                 self._gens[p] = self._gens.get(p, 0) + 1
                 self._waker(p).notify_all()
 
     def _give_up(self, pool: str, round_id: str) -> None:
-        with self._cond:
-            self._book.leave(round_id)  # no heartbeat renews it from now on
-        self._wake(pool)
-        try:
+        """The waiter leaves the pod's book first, before any (even a cancelled task does:
+        no heartbeat renews it from now on), then withdraws its ticket, shielded from a second
+        cancellation and bounded in time (the ticket's lease expires on its own)."""
+        with self._lock.book:
+            self._book.leave(round_id)
+
+        def withdraw() -> None:
+            self._wake(pool)
             self._exec(self.core.withdraw(round_id))
-        except Exception as exc:  # noqa: BLE001 - the ticket's lease expires on its own
+        try:
+            shielded(withdraw(), timeout=WITHDRAW_TIMEOUT)
+        except BaseException as exc:  # noqa: BLE001 - the ticket's lease expires on its own
             log.info("withdraw_failed", round=round_id, error=repr(exc))
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
 
     @contextlib.contextmanager
     def round(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
-              agent: str | None = None, parent: str | None = None, revision: str | None = None,
-              move_to: Callable[[str], bool] | None = None, tokens: float | None = None,
-              input_tokens: float | None = None, max_tokens: float | None = None) -> Iterator[Round]:
+              agent: str | None = None, parent: str | None = None, revision: int | None = None,
+              move_to: Callable[[str], bool] | None = None,
+              tokens: float | None = None, input_tokens: float | None = None,
+              max_tokens: float | None = None) -> Iterator[Round]:
         """Wait for a seat, keep it alive, release it on exit with the classified outcome.
         Inside, a nested ``round()`` is this round's delegated sub-round (``parent`` defaults to
-        the round held here; ``parent=""`` for none). The round may run on an alternative of
-        ``model``: ``handle.pool`` says where."""
+        the round held here, in this thread or task or a task it starts; ``parent=""`` for
+        none). The round may run on an alternative of ``model``: ``handle.pool`` says where."""
         d = self._own(self.admit_waiting(lane=lane, model=model, round_id=round_id, timeout=timeout,
                                          agent=agent, parent=self._parent(parent), revision=revision,
                                          move_to=move_to, tokens=tokens,
@@ -417,50 +413,76 @@ class Admission(ClientBase):
 
     def _finish(self, handle: Round, outcome: str, started: float, raising: bool,
                 retry_after: float | None = None) -> None:
-        """The round ended: its seat leaves the book at once; the release is applied now, or kept
-        (in the outbox) and replayed by the clock while Redis cannot apply it."""
-        with self._cond:
-            self._book.drop(handle.seat.id)
+        """The round ended: released as ``release()`` does (``_end``); a refusal for good is
+        recorded there, and a bad value set on the round is raised once the seat is released."""
         record, bad = self._exit_record(handle, outcome, time.monotonic() - started, retry_after)
         try:
-            self._apply_record(record, self._confirming())
-        except Retry as exc:
-            self._queue(record, str(exc))
+            self._end(record)
         except AdmissionError:
-            pass  # refused for good: recorded by _apply_record
+            pass  # refused for good: recorded by _apply
         if bad is not None and raising:
             raise bad
 
-    def _apply_record(self, record: dict[str, Any], replicas: int | None = None) -> None:
-        """Apply one ledger record. Raises ``Retry`` while Redis cannot apply it (unreachable, no
-        policy yet), ``Unconfirmed`` while too few replicas have it; a release whose seat Redis no
-        longer knows is recorded and its cost booked. ``replicas``: how many to WAIT for
-        (default ``confirm_replicas``; a replay always waits)."""
-        want = self._confirm_replicas if replicas is None else replicas
-        call, lost_seat_charge = self._calls(record, self.core)
+    def _end(self, record: dict[str, Any], call: Call | None = None, now: float | None = None) -> Released:
+        """The one way a round ends (``release()`` and ``round()``'s exit): its seat leaves the
+        book at once; the release is applied now, or, while Redis cannot apply it (unreachable,
+        no policy yet, cancelled on the way), kept in the outbox and replayed once by the clock:
+        the answer then says ``queued``. One applied but not confirmed by the replicas waits
+        there too. ``call``, ``now``: the release as the caller built it."""
+        seat = Seat(*record["seat"])
+        with self._lock.book:
+            self._book.drop(seat.id)
+        try:
+            released, acked = shielded(self._apply(record, self._confirming(), call, now),
+                                       on_cancel=lambda: self._queue(record, "cancelled"))
+        except Retry as exc:
+            blocking(self._queue, record, str(exc))
+            return Released(Status.RELEASED, seat.pool, False, None, queued=True)
+        if acked < self._confirm_replicas:  # applied, but a failover could still lose it: it waits
+            blocking(self._queue, record, str(self._unconfirmed(acked)))
+        if isinstance(released, UnknownSeat):
+            raise released
+        if released.stats is not None:
+            self._note_stats({released.pool: released.stats})
+        return released
+
+    def _apply(self, record: dict[str, Any], replicas: int, call: Call | None = None,
+               now: float | None = None) -> tuple[Any, int]:
+        """Apply one ledger record (``call``: as built, else from the record): (the answer, how
+        many replicas confirmed it). Raises ``Retry`` while Redis cannot apply it (unreachable,
+        no policy yet). A release whose seat Redis no longer knows is recorded and its cost
+        booked; its answer is that ``UnknownSeat``. Any other refusal is recorded and raised."""
+        built, lost_seat_charge = self._calls(record, self.core, now)
         try:
             try:
-                _, acked = self._exec_ledger(call, want)
+                return self._exec_ledger(call or built, replicas)
             except UnknownSeat as exc:
-                acked = want
+                acked = replicas
                 if lost_seat_charge is not None:
-                    _, acked = self._exec_ledger(lost_seat_charge, want)
+                    _, acked = self._exec_ledger(lost_seat_charge, replicas)
                 self._unapplied(record, exc, cost_booked=lost_seat_charge is not None)
+                return exc, acked
         except (Unavailable, NoPolicy) as exc:
             raise Retry(type(exc).__name__) from exc
         except AdmissionError as exc:
             self._unapplied(record, exc)
             raise
+
+    def _apply_record(self, record: dict[str, Any], replicas: int | None = None) -> None:
+        """Replay one ledger record. Raises ``Retry`` while Redis cannot apply it (unreachable, no
+        policy yet), ``Unconfirmed`` while too few replicas have it. ``replicas``: how many to
+        WAIT for (default ``confirm_replicas``; a replay always waits)."""
+        _, acked = self._apply(record, self._confirm_replicas if replicas is None else replicas)
         if acked < self._confirm_replicas:
             raise self._unconfirmed(acked)
 
     # -- the clock -----------------------------------------------------------------------------
     def heartbeat(self, now: float | None = None):
         """Renew every lease this pod holds (one call); the background clock calls it."""
-        with self._cond:
+        with self._lock.book:
             snap = self._book.snapshot()
         hb = self._exec_or_raise(self.core.heartbeat(snap.seats_list(), list(snap.tickets), now))
-        with self._cond:
+        with self._lock.book:
             lost, lost_tickets, pools = self._note_heartbeat(snap, hb, now)
         for pool in pools:
             self._wake(pool)
@@ -475,7 +497,7 @@ class Admission(ClientBase):
     def _watchdog(self) -> None:
         """Report stalls and round caps; a signal counts as sent only once Redis applied it."""
         t = self._tunables
-        with self._cond:
+        with self._lock.book:
             due = self._book.overdue(t["stall_after"], t["round_cap"])
         for held, signal in due:
             try:
@@ -486,11 +508,12 @@ class Admission(ClientBase):
                 log.warning("report_retry", round=held.seat.id, signal=signal, error=str(exc))
                 continue
             log.warning("round_overdue", round=held.seat.id, signal=signal)
-            with self._cond:
+            with self._lock.book:
                 self._book.signalled(held, signal)
 
     def _step(self, name: str, fn) -> bool:
-        """One duty of the clock; a failing one never stops the others."""
+        """One duty of the clock; a failing one never stops the others (a cancellation is no
+        Exception: it ends the clock)."""
         try:
             fn()
             return True
@@ -511,15 +534,12 @@ class Admission(ClientBase):
             self._health_run.run_once(self, due)
 
     def _ensure_clock(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._clock, name=f"admission-clock-{self.pod}", daemon=True)
-            self._thread.start()
+        self._clock.start(self._run_clock)
 
-    def _clock(self) -> None:
+    def _run_clock(self) -> None:
         pubsub = None
         next_beat = next_tick = 0.0
-        while not self._stop.is_set():
+        while not self._clock.stopped():
             try:
                 if pubsub is None:
                     pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
@@ -530,7 +550,7 @@ class Admission(ClientBase):
             except Exception as exc:
                 log.warning("clock_error", step="wake-ups", error=repr(exc))
                 pubsub = None
-                self._stop.wait(0.5)
+                self._clock.sleep(0.5)
             now = time.monotonic()
             if now >= next_beat:
                 # a failed heartbeat is retried on the next turn (about 0.5 s), not a period later
@@ -548,11 +568,10 @@ class Admission(ClientBase):
 
     def close(self) -> None:
         """Stop the background clock (held seats then expire with their leases)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._clock.stop()
 
     def __enter__(self) -> "Admission":
+        self._clock.resume()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -568,8 +587,8 @@ class Admission(ClientBase):
         """How many of ``wanted`` new rounds of ``lane`` would start now on ``model`` or, moving,
         on its alternatives that ``move_to`` keeps (none without it; not for a hard pin); nothing
         seated."""
-        return sum(self.plan_pools(lane=lane, pools=[model], wanted=wanted, now=now, agent=agent,
-                                   move_to=move_to).values())
+        return sum((self.plan_pools(lane=lane, pools=[model], wanted=wanted, now=now, agent=agent,
+                                    move_to=move_to)).values())
 
     def plan_pools(self, *, lane: str | None = None, pools: list[str] | None, wanted: int,
                    now: float | None = None, agent: str | None = None,
@@ -584,5 +603,5 @@ class Admission(ClientBase):
     def allowance(self, *, lane: str | None = None, now: float | None = None, wanted: int = 10_000,
                   agent: str | None = None, move_to: Callable[[str], bool] | None = None) -> int:
         """What a lane that starts work paces itself by: plan over the lane's pools."""
-        return sum(self.plan_pools(lane=lane, pools=None, wanted=wanted, now=now, agent=agent,
-                                   move_to=move_to).values())
+        return sum((self.plan_pools(lane=lane, pools=None, wanted=wanted, now=now, agent=agent,
+                                    move_to=move_to)).values())

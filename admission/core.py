@@ -111,6 +111,7 @@ class Released:
     decreased: bool
     estimate: float | None
     stats: tuple[float, float, float] | None = None  # the pool's successes, failures, mean cost (USD)
+    queued: bool = False  # Redis could not apply it now: it waits in the pod's outbox (replayed once)
 
 
 @dataclass(frozen=True)

@@ -331,3 +331,92 @@ def test_the_watchdog_reports_a_stall_while_the_round_goes_on(redis_client):
         assert s["why"] == "stall" and s["running"] == "1"
     assert pool_state(redis_client)["running"] == "0"
     a.close()
+
+
+# -- the drifts from the asyncio client, and one release path ------------------------------------
+
+def _today() -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime())
+
+
+
+def test_a_restarted_pod_replays_its_outbox_at_once(redis_client, tmp_path, monkeypatch):
+    """Its clock starts at construction (no round needed), as the asyncio client's."""
+    import redis as _redis
+
+    from admission import scripts
+
+    path = tmp_path / "p.outbox"
+    a = Admission(redis_client, mesh="t", pod="p", background=False, outbox=path)
+    a.apply_policy(policy(ONE_LANE), recovery_hold=False)
+    seat = a.try_admit(lane="x", model=POOL, round_id="r1").seat
+    monkeypatch.setattr(scripts, "call", lambda *a_, **k: (_ for _ in ()).throw(_redis.ConnectionError("down")))
+    assert a.release(seat, cost_usd=0.5).queued
+    monkeypatch.undo()
+    a._pending.outbox.close()                           # the pod stops
+    b = Admission(redis_client, mesh="t", pod="p", outbox=path)
+    try:
+        deadline = time.monotonic() + 5
+        while len(b._pending) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(b._pending) == 0, "the restarted pod did not replay its outbox"
+    finally:
+        b.close()
+    assert b.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
+
+
+def test_apply_policy_logs_the_version_it_applied(redis_client, caplog):
+    import logging
+
+    a = Admission(redis_client, mesh="t", pod="p", background=False)
+    with caplog.at_level(logging.INFO, logger="admission"):
+        version = a.apply_policy(policy(ONE_LANE), recovery_hold=False)
+    logs = [r.admission for r in caplog.records if getattr(r, "admission", None)]
+    assert [(e["event"], e["mesh"], e["version"]) for e in logs] == [("policy_applied", "t", version)]
+
+
+def test_revision_is_a_whole_number_on_every_ask(redis_client):
+    import inspect
+
+    from admission import BadArgument
+
+    for name in ("try_admit", "admit_waiting", "round"):
+        assert inspect.signature(getattr(Admission, name)).parameters["revision"].annotation == "int | None"
+    a = Admission(redis_client, mesh="t", pod="p", background=False)
+    a.apply_policy(policy(ONE_LANE), recovery_hold=False)
+    with a.round(lane="x", model=POOL, round_id="r1", revision=3) as r:
+        assert r.seat.id == "r1"
+    assert a.admit_waiting(lane="x", model=POOL, round_id="r2", revision=0).admitted
+    with pytest.raises(BadArgument):
+        with a.round(lane="x", model=POOL, round_id="r3", revision="R3"):
+            pass
+
+
+@pytest.mark.real
+def test_a_release_with_a_price_while_redis_is_down_is_booked_once_when_it_is_back(real_engine, tmp_path):
+    """The public release and round()'s exit share one path: a release that meets an
+    unreachable Redis, then an empty restarted one with no policy, waits in the outbox
+    (``queued``) and is booked exactly once when Redis can apply it."""
+    from admission import UnknownSeat
+    from admission.tools.servers import LocalServer
+
+    pol = policy(ONE_LANE)
+    pol.pop("clock")
+    with LocalServer(real_engine) as srv:
+        a = Admission.from_url(srv.url, mesh="t", pod="p", background=False, outbox=tmp_path / "p.outbox")
+        a.apply_policy(pol, recovery_hold=False)
+        seat = a.try_admit(lane="x", model=POOL, round_id="r1").seat
+        srv.kill()
+        r = a.release(seat, cost_usd=0.5)
+        assert r.queued and r.pool == POOL and len(a._pending) == 1 and a._book.seats == {}
+        assert a.flush() == 1                           # still down: kept
+        srv.restart()                                   # empty, as an unpersisted Redis after a crash
+        assert a.flush() == 1                           # no policy yet: kept
+        a.apply_policy(pol, recovery_hold=False)
+        assert a.flush() == 0
+        assert a.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
+        with pytest.raises(UnknownSeat):                # sent again: the seat is gone, its cost booked
+            a.release(seat, cost_usd=0.5)
+        assert a.flush() == 0
+        assert a.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
+        a.close()

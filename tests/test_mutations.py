@@ -364,7 +364,7 @@ MUTATIONS = [
     ("a booking from before the seq was in the key counts once", "include/outcome.lua",
      "  if redis.call('EXISTS', old) == 1 then rewrite(old) return false end\n", "",
      "test_rules_provider.py", "before_the_seq"),
-    ("close() cancels the clock until it ends", "admission/aio.py", "        while not task.done():\n            task.cancel()\n            await asyncio.wait({task}, timeout=CANCEL_AGAIN)\n",
+    ("close() cancels the clock until it ends", "admission/_primitives.py", "        while not task.done():\n            task.cancel()\n            await asyncio.wait({task}, timeout=CANCEL_AGAIN)\n",
      "        task.cancel()\n", "test_async.py", "lost_a_cancel"),
     ("move_to keeps only the alternatives the caller can run on", "admission/base.py",
      'alts = [a for a in self._moves["alternatives"].get(pool, []) if move_to(a)]',
@@ -782,10 +782,28 @@ MUTATIONS += [
      "test_confirm_replicas.py", "changes_nothing", "valkey"),
     ("a replayed charge writes its key back", "include/outcome.lua", "then rewrite(k) return false end",
      "then return false end", "test_confirm_replicas.py", "changes_nothing", "valkey"),
-    ("a library the user may not load is no policy yet", "admission/scripts.py",
+    ("a library the user may not load is no policy yet", "admission/_scripts_sync.py",
      "        load(client)\n    except redis.exceptions.NoPermissionError as exc:\n        raise _not_loaded(exc) from None",
      "        load(client)\n    except redis.exceptions.NoPermissionError:\n        raise", "test_deploy.py",
      "lost_library", "redis"),
+    # one release path: a direct release Redis cannot apply waits in the outbox, as a round's own
+    ("a direct release Redis cannot apply waits in the outbox (asyncio)", "admission/aio.py",
+     "        except Retry as exc:\n            await ablocking(self._queue, record, str(exc))\n",
+     "        except Retry as exc:\n            raise\n", "test_async.py", "booked_once", "redis"),
+    ("a direct release Redis cannot apply waits in the outbox (sync)", "admission/client.py",
+     "        except Retry as exc:\n            blocking(self._queue, record, str(exc))\n",
+     "        except Retry as exc:\n            raise\n", "test_client.py", "booked_once", "redis"),
+    # a restarted pod's clock starts at construction (asyncio: at its first awaited call outside a loop)
+    ("a restarted pod replays its outbox at once (sync)", "admission/client.py",
+     "        if background and (len(self._pending) or self._health):\n            self._ensure_clock()\n", "",
+     "test_client.py", "replays_its_outbox_at_once"),
+    ("a restarted pod replays its outbox at once (asyncio)", "admission/aio.py",
+     "        if background and (len(self._pending) or self._health):\n            self._ensure_clock()\n", "",
+     "test_async.py", "built_in_a_loop_replays"),
+    ("an asyncio clock asked for before the loop starts at the first awaited call", "admission/_primitives.py",
+     "            self._due = run\n", "", "test_async.py", "outside_a_loop"),
+    ("apply_policy logs (asyncio)", "admission/aio.py", "        log.info(\"policy_applied\"", "        log.debug(\"policy_applied\"",
+     "test_async.py", "logs_the_version"),
 ]
 
 def _mutant(tmp: Path, file: str, find: str, replace: str) -> Path:
