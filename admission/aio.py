@@ -13,21 +13,20 @@ from __future__ import annotations
 
 import contextlib
 import time
-from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterable, Mapping
+from typing import Any, AsyncIterator, Callable, Iterable
 
 import redis
 import redis.asyncio as aredis
 
 from . import scripts
 from ._log import get_logger
+from ._mesh_async import AsyncMesh, decode_policy
 from ._primitives import AsyncClock, AsyncLock, ablocking, ablocking_calling, acheck_confirm, ashielded
 from .base import (CONNECT_TIMEOUT, CURRENT_HANDLE, CURRENT_ROUND, SOCKET_TIMEOUT, ClientBase, RoundBase,
                    charge_record, fail_fast_options, policy_of, release_record, translated)
 from .classify import outcome_of, retry_after_of
 from .codes import Status
-from .core import (UNREACHABLE, Bound, Call, Charged, Core, Decision, Progress, Released, Retried, Rollover, Seat, Tick,
-                   decode_ledger)
+from .core import UNREACHABLE, Bound, Call, Charged, Core, Decision, Progress, Released, Retried, Seat, Tick
 from .errors import AdmissionError, NoPolicy, NotYourSeat, Unavailable, UnknownSeat, WaitTimeout
 from .outbox import Retry
 
@@ -74,6 +73,7 @@ class AsyncAdmission(ClientBase):
         self._lock = AsyncLock()  # the pool's wake-ups; ``self._lock.book`` guards the book
         self._wakers: dict[str, Any] = {}  # per pool, on that lock
         self._clock = AsyncClock(f"admission-clock-{pod}")
+        self.ops = AsyncMesh(client, mesh=mesh)  # the mesh's operator commands, on this connection
         # A restarted pod replays its outbox at once; the samplers run whether or not a round is
         # held. The asyncio clock is a task: built inside a running loop it starts here, built
         # before the loop runs it starts at the client's first awaited call.
@@ -114,19 +114,10 @@ class AsyncAdmission(ClientBase):
         return call.decode(reply), acked
 
     # -- policy --------------------------------------------------------------------------------
-    async def apply_policy(self, policy: str | Path | Mapping[str, Any], expected_version: int | None = None, *,
-                           recovery_hold: bool = True, now: float | None = None) -> int:
-        """Validate and apply a policy (a TOML path or its dict form); returns the new version.
-        On a mesh without a policy (new, or wiped by a restart) new admissions wait one
-        heartbeat period unless ``recovery_hold=False`` (see apply_config.lua)."""
-        applied = await self._exec_or_raise(self.core.apply(policy_of(policy), expected_version,
-                                                            recovery_hold=recovery_hold, now=now))
-        log.info("policy_applied", mesh=self.mesh, version=applied.version, hold_until=applied.hold_until)
-        return applied.version
-
     async def policy(self) -> dict[str, Any]:
+        """The live policy with its ``version`` (what this pod runs by; ``ops`` applies one)."""
         self._clock.resume()
-        return self._policy_of(await self.redis.hmget(self.core.config_key, "version", "policy"))
+        return decode_policy(await self.redis.hmget(self.core.config_key, "version", "policy"))
 
     async def tunables(self) -> dict[str, float]:
         """The live tunables (re-read when the policy version changes), and with them the
@@ -167,13 +158,15 @@ class AsyncAdmission(ClientBase):
         wait = wait and not borrow  # a borrow never waits
         call = self.core.admit(lane=lane, model=model, round_id=round_id, agent=agent, now=now, draw=draw,
                                wait=wait, parent=parent, revision=revision, borrow=borrow,
-                               alternatives=alternatives or (), on_stats=self._note_stats, tokens=tokens,
+                               alternatives=alternatives or (), tokens=tokens,
                                input_tokens=input_tokens, max_tokens=max_tokens)
         try:
             d = await self._exec(call)
         except UNREACHABLE as exc:
             log.warning("admission_unavailable", round=round_id, error=str(exc))
             d = self.core.unavailable(lane=lane, model=model, round_id=round_id, borrow=borrow)
+        if d.stats:
+            self._note_stats(d.stats)
         with self._lock.book:
             clock = self._note_decision(d, lane, wait)
         if clock:
@@ -276,29 +269,6 @@ class AsyncAdmission(ClientBase):
                                                           now=now))
 
     # -- the provider's day ----------------------------------------------------------------------
-    async def report_budget(self, reading: Any, now: float | None = None) -> dict[str, Any]:
-        """Store a budget reader's reading (``admission.budget.Reading``) of a provider's day."""
-        return await self._exec_or_raise(self.core.budget(provider=reading.provider, limit_usd=reading.limit_usd,
-                                                          spent_usd=reading.spent_usd, at=reading.at, now=now))
-
-    async def close_provider(self, provider: str, *, why: str, seconds: float | None = None,
-                             now: float | None = None) -> float:
-        """Close every pool of a provider by hand (until midnight UTC, or ``seconds``)."""
-        return await self._exec_or_raise(self.core.closure(action="close", provider=provider, why=why,
-                                                           seconds=seconds, now=now))
-
-    async def reopen_provider(self, provider: str, *, why: str, now: float | None = None) -> None:
-        await self._exec_or_raise(self.core.closure(action="reopen", provider=provider, why=why, now=now))
-
-    async def rollover(self, now: float | None = None) -> Rollover:
-        """The midnight roll-over (idempotent per UTC day); see ``admission day-rollover``."""
-        return await self._exec_or_raise(self.core.rollover(now))
-
-    async def ledger(self, day: str) -> dict[str, dict[str, float]]:
-        """The spend ledger of a UTC day (YYYY-MM-DD): {lane: {provider: USD}}."""
-        self._clock.resume()
-        return decode_ledger(await self.redis.hgetall(f"adm:{{{self.mesh}}}:spend:{day}"))
-
     async def admit_waiting(self, *, lane: str | None = None, model: str, round_id: str, timeout: float = 600.0,
                             agent: str | None = None, parent: str | None = None, revision: int | None = None,
                             move_to: Callable[[str], bool] | None = None, tokens: float | None = None,
@@ -491,7 +461,7 @@ class AsyncAdmission(ClientBase):
 
     async def tick(self, now: float | None = None) -> Tick:
         """The pool clock: growth steps, bounded sweep, wake-ups. Idempotent across pods."""
-        return await self._exec_or_raise(self.core.tick(now))
+        return await self.ops.tick(now)
 
     async def _watchdog(self) -> None:
         """Report stalls and round caps; a signal counts as sent only once Redis applied it."""
@@ -577,10 +547,6 @@ class AsyncAdmission(ClientBase):
         await self.close()
 
     # -- reading -------------------------------------------------------------------------------
-    async def census(self, now: float | None = None) -> dict[str, Any]:
-        """Rebuild and return the read model (also stored in the ``census`` key)."""
-        return await self._exec_or_raise(self.core.census(now))
-
     async def plan(self, *, lane: str | None = None, model: str, wanted: int, now: float | None = None,
                    agent: str | None = None, move_to: Callable[[str], bool] | None = None) -> int:
         """How many of ``wanted`` new rounds of ``lane`` would start now on ``model`` or, moving,

@@ -60,7 +60,7 @@ import structlog
 from . import alternatives, dayjob, doctor, health
 from . import policy as policy_mod
 from ._log import show
-from .client import Admission
+from .mesh import Mesh
 from .core import UNREACHABLE, decode_census, mesh_key
 from .errors import AdmissionError, NoPolicy, Unavailable, without_location
 from .view import LEGEND, event_time, render_census, render_event, render_ledger, render_refusals, utc_iso
@@ -115,12 +115,12 @@ def check_url(url: str) -> None:
             raise CliError(f"bad Redis URL {shown_url(url)}: the database must be a whole number, got {db!r}")
 
 
-def _connect(args) -> Admission:
-    """A client of the mesh, with Redis known to answer: an unreachable server, a database that does
-    not exist and refused credentials are one-line errors here, before any command runs."""
+def _connect(args) -> Mesh:
+    """The mesh's operator handle, with Redis known to answer: an unreachable server, a database
+    that does not exist and refused credentials are one-line errors here, before any command runs."""
     check_url(args.url)
     try:
-        adm = Admission.from_url(args.url, mesh=args.mesh, pod=args.pod, background=False)
+        adm = Mesh.from_url(args.url, mesh=args.mesh)
     except AdmissionError:
         raise                                    # a bad mesh name (BadName) says so itself
     except ValueError as exc:
@@ -146,9 +146,9 @@ class Parser(argparse.ArgumentParser):
         self.exit(USAGE, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
 
 
-def _conn_args(p: argparse.ArgumentParser, *, top: bool = False, pod: bool = True) -> None:
-    """--url, --mesh (and the hidden --pod): on the top parser with their defaults from the
-    environment, and again on each subcommand without defaults, so they go before or after it."""
+def _conn_args(p: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """--url, --mesh: on the top parser with their defaults from the environment, and again on
+    each subcommand without defaults, so they go before or after it."""
     def default(value: str) -> str:
         return value if top else argparse.SUPPRESS
 
@@ -156,8 +156,6 @@ def _conn_args(p: argparse.ArgumentParser, *, top: bool = False, pod: bool = Tru
                    help=f"Redis URL (default $ADMISSION_URL, else {DEFAULT_URL})")
     p.add_argument("--mesh", default=default(os.environ.get("ADMISSION_MESH") or DEFAULT_MESH),
                    help=f"mesh name (default $ADMISSION_MESH, else {DEFAULT_MESH})")
-    if pod:
-        p.add_argument("--pod", default=default(os.environ.get("ADMISSION_POD") or "cli"), help=argparse.SUPPRESS)
 
 
 def _now_arg(p: argparse.ArgumentParser) -> None:
@@ -183,7 +181,7 @@ def cmd_config(args) -> int:
         adm = _connect(args)
         version = adm.apply_policy(args.file, expected_version=args.expect_version,
                                    recovery_hold=not args.no_recovery_hold)
-        hold = float(adm.redis.hget(adm.core.config_key, "holdUntil") or 0)
+        hold = float(adm.redis.hget(adm.calls.config_key, "holdUntil") or 0)
         print(f"applied {args.file} to mesh {args.mesh}: version {version}"
               + (f"; new rounds wait {max(0.0, hold - time.time()):.0f} s for running rounds to re-assert"
                  if hold else ""))
@@ -208,7 +206,7 @@ def cmd_config(args) -> int:
     return 0
 
 
-def _live_policy(adm: Admission, mesh: str) -> dict[str, Any]:
+def _live_policy(adm: Mesh, mesh: str) -> dict[str, Any]:
     live = adm.policy()
     if not live.get("pools"):
         raise _no_policy(mesh)
@@ -259,28 +257,28 @@ def render_alternatives(policy: dict) -> str:
 # -- census ----------------------------------------------------------------------------------------------
 
 
-def sweep(adm: Admission) -> int:
+def sweep(adm: Mesh) -> int:
     """Run the pool clock until no expired lease is left (bounded): what the census counts is then
     what runs, not what a dead pod held. Returns the leases swept. A mesh on the caller's clock
     (tests, the simulator) is left to its caller: Redis' time is not its time."""
-    if adm.redis.hget(adm.core.config_key, "clock") == b"caller":
+    if adm.redis.hget(adm.calls.config_key, "clock") == b"caller":
         return 0
     swept = 0
     for _ in range(SWEEP_CALLS):
-        n = adm._exec_or_raise(adm.core.tick(None, sweep_limit=SWEEP_LIMIT)).swept
+        n = adm.tick(sweep_limit=SWEEP_LIMIT).swept
         swept += n
         if n < SWEEP_LIMIT:
             break
     return swept
 
 
-def read_census(adm: Admission, mesh: str, no_sweep: bool) -> dict[str, Any]:
+def read_census(adm: Mesh, mesh: str, no_sweep: bool) -> dict[str, Any]:
     if not no_sweep:
         sweep(adm)
         return adm.census()
-    raw = adm.redis.get(adm.core.census_key)     # a read-only user: only GET
+    raw = adm.redis.get(adm.calls.census_key)     # a read-only user: only GET
     if raw is None:
-        if not adm.redis.exists(adm.core.config_key):
+        if not adm.redis.exists(adm.calls.config_key):
             raise _no_policy(mesh)
         raise CliError(f"mesh {mesh} has no census yet (no pod's clock has run); "
                        "run `admission census` without --no-sweep", NO_POLICY)
@@ -454,7 +452,7 @@ def cmd_tick(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    report = doctor.check(_connect(args).redis, args.mesh)
+    report = _connect(args).doctor()
     print(json.dumps(report.as_dict(), indent=2) if args.json else doctor.render(report, args.mesh))
     return 0 if report.ok else 1
 
@@ -594,7 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=_minutes, default=60, help="with --refusals: the last N minutes (default 60)")
     p.add_argument("--now", type=float, default=None,
                    help="with --refusals: the window ends at the minute of this epoch second (default: Redis' clock)")
-    _conn_args(p, pod=False)   # --pod filters here
+    _conn_args(p)   # --pod filters here
     p.set_defaults(func=cmd_events)
     p = sub.add_parser("tick", help="run the pool clock once")
     _conn_args(p)

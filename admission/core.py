@@ -62,6 +62,9 @@ class Decision:
     borrowed_for: str = ""  # a borrow: the primary pool it runs for (``pool`` is the borrowed one)
     paused_for: float = 0.0  # refused with ``paused``: seconds left of the provider's Retry-After
     wait_s: float = 0.0  # refused with ``ceiling-<limit>``: seconds until that bucket covers the round
+    #: the outcome counts of the alternatives the call looked at, {pool: (successes, failures,
+    #: mean USD)}: what the client's next Thompson draw needs (as a release's ``stats``)
+    stats: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
     @property
     def ceiling(self) -> str | None:
@@ -335,28 +338,87 @@ def decode_census(raw: Any) -> dict[str, Any]:
     return doc
 
 
-class Core:
-    """Argument building and reply decoding for one pod of one mesh."""
+class MeshCalls:
+    """Argument building and reply decoding for a mesh's own commands (the policy, the read
+    model, the clock's step, the provider's day, the roll-over): what an operator's ``Mesh``
+    sends. A pod's ``Core`` adds its rounds' calls."""
 
-    def __init__(self, mesh: str, pod: str, seed: int | None = None):
+    def __init__(self, mesh: str):
         self.config_key = mesh_key(mesh, "config")
         self.mesh = mesh
-        self.pod = pod
         self.census_key = mesh_key(mesh, "census")
         self.wake_channel = mesh_key(mesh, "wake")
-        self._uniform = random.Random(seed).random  # the one draw per admit: 10x cheaper than numpy's
 
     def _call(self, script: str, args: list[Any], decode) -> Call:
         return Call(script, [self.config_key], args, decode)
+
+    # -- the provider's day --------------------------------------------------------------------
+    def budget(self, *, provider: str, limit_usd: float | None, spent_usd: float | None, at: float,
+               now: float | None = None) -> Call:
+        """A budget reader's reading of a provider's day."""
+        args = [provider, _money(limit_usd, MAX_READING_USD), _money(spent_usd, MAX_READING_USD),
+                _epoch("at", at, required=True), _now(now)]
+        return self._call("budget", args, lambda r: {"day": _s(r[1]), "closed_until": float(_s(r[2]))})
+
+    def closure(self, *, action: str, provider: str, why: str, seconds: float | None = None,
+                now: float | None = None) -> Call:
+        if action not in ("close", "reopen"):
+            raise BadArgument(f"action must be close or reopen, got {action!r}")
+        args = [action, provider, why, "" if seconds is None else _seconds(seconds), _now(now)]
+        return self._call("closure", args, lambda r: float(_s(r[1])))
+
+    def rollover(self, now: float | None = None) -> Call:
+        def decode(r):
+            return Rollover(bool(int(r[1])), _s(r[2]), [_s(x) for x in empty_list(r[3])], float(_s(r[4])))
+
+        return self._call("rollover", [_now(now)], decode)
+
+    # -- the pool clock's step -----------------------------------------------------------------
+    def tick(self, now: float | None = None, sweep_limit: int = 100) -> Call:
+        def decode(r):
+            grew = {_s(r[2][i]): float(_s(r[2][i + 1])) for i in range(0, len(r[2]), 2)}
+            return Tick(int(r[1]), grew, bool(int(r[3])))
+
+        return self._call("tick", [_now(now), str(sweep_limit)], decode)
+
+    # -- reading -----------------------------------------------------------------------------
+    def census(self, now: float | None = None) -> Call:
+        return self._call("census", [_now(now)], decode_census)
+
+    # -- the policy ----------------------------------------------------------------------------
+    def apply(self, policy: dict[str, Any], expected_version: int | None = None, *,
+              recovery_hold: bool = True, now: float | None = None) -> Call:
+        token = uuid.uuid4().hex  # a new policy is new to every cache, even after a wipe
+        args = ["" if expected_version is None else str(expected_version), json.dumps(policy), token,
+                _now(now), "1" if recovery_hold else "0", json.dumps(alternatives_of(policy))]
+        return self._call("apply_config", args, lambda r: Applied(int(r[1]), float(_s(r[2]))))
+
+    # -- errors ------------------------------------------------------------------------------
+    @staticmethod
+    def translate(exc: redis.ResponseError) -> Exception:
+        """Every error reply becomes one of the package's exceptions: no raw ResponseError
+        leaves the client."""
+        return from_reply(str(exc)) or ScriptError(f"redis refused the call: {without_location(str(exc))}")
+
+
+class Core(MeshCalls):
+    """Argument building and reply decoding for one pod of one mesh."""
+
+    def __init__(self, mesh: str, pod: str, seed: int | None = None):
+        super().__init__(mesh)
+        self.pod = pod
+        self._uniform = random.Random(seed).random  # the one draw per admit: 10x cheaper than numpy's
+
+    """Argument building and reply decoding for one pod of one mesh."""
 
     # -- admission -------------------------------------------------------------------------
     def admit(self, *, lane: str | None, model: str, round_id: str, agent: str | None = None,
               now: float | None = None, draw: float | None = None, wait: bool = True,
               parent: str | None = None, revision: int | None = None, borrow: str | None = None,
-              alternatives: Iterable[str] = (), on_stats: Any = None, tokens: float | None = None,
+              alternatives: Iterable[str] = (), tokens: float | None = None,
               input_tokens: float | None = None, max_tokens: float | None = None) -> Call:
-        """``alternatives``: the pool's alternatives, best first (``rank``); ``on_stats`` receives
-        the outcome counts of the alternatives the script looked at ({pool: (succ, fail, USD)}).
+        """``alternatives``: the pool's alternatives, best first (``Thompson.rank``); the
+        decision's ``stats`` are their outcome counts as the script saw them.
         ``borrow``: run on this pool for ``model`` (the primary), behind the fence. ``tokens``:
         the round's size as the worker knows it (the cap line plans it to end before its cap).
         ``input_tokens`` and ``max_tokens``: what its call will count against the pool's rate
@@ -379,14 +441,13 @@ class Core:
             wait_s = float(r[15]) if len(r) > 15 and r[15] else 0.0
             admitted, at = int(status) == Status.ADMITTED, float(at)  # float() and int() take bytes
             rid, pool, lane_ = _s(rid), _s(pool), _s(lane_)
-            if on_stats is not None and stats:
-                on_stats({_s(stats[i]): (float(stats[i + 1]), float(stats[i + 2]), float(stats[i + 3]) / 1e6)
-                          for i in range(0, len(stats), 4)})
+            counts = {_s(stats[i]): (float(stats[i + 1]), float(stats[i + 2]), float(stats[i + 3]) / 1e6)
+                      for i in range(0, len(stats or ()), 4)}
             # same-intent from another pod: the seat is that pod's (this pod must not run the round)
             seat = Seat(rid, int(seq), pool, lane_, _s(holder), at) if admitted else None
             return Decision(admitted, _s(reason), rid, lane_, pool, seat, float(est), int(running), int(slots),
                             int(version), None if admitted else at, _s(asked), model if borrow else "", paused_for,
-                            wait_s)
+                            wait_s, counts)
 
         return self._call("admit", args, decode)
 
@@ -469,26 +530,6 @@ class Core:
 
         return self._call("charge", args, decode)
 
-    def budget(self, *, provider: str, limit_usd: float | None, spent_usd: float | None, at: float,
-               now: float | None = None) -> Call:
-        """A budget reader's reading of a provider's day."""
-        args = [provider, _money(limit_usd, MAX_READING_USD), _money(spent_usd, MAX_READING_USD),
-                _epoch("at", at, required=True), _now(now)]
-        return self._call("budget", args, lambda r: {"day": _s(r[1]), "closed_until": float(_s(r[2]))})
-
-    def closure(self, *, action: str, provider: str, why: str, seconds: float | None = None,
-                now: float | None = None) -> Call:
-        if action not in ("close", "reopen"):
-            raise BadArgument(f"action must be close or reopen, got {action!r}")
-        args = [action, provider, why, "" if seconds is None else _seconds(seconds), _now(now)]
-        return self._call("closure", args, lambda r: float(_s(r[1])))
-
-    def rollover(self, now: float | None = None) -> Call:
-        def decode(r):
-            return Rollover(bool(int(r[1])), _s(r[2]), [_s(x) for x in empty_list(r[3])], float(_s(r[4])))
-
-        return self._call("rollover", [_now(now)], decode)
-
     def withdraw(self, round_id: str) -> Call:
         return self._call("withdraw", [round_id, self.pod], lambda r: bool(int(r[1])))
 
@@ -516,17 +557,6 @@ class Core:
 
         return self._call("progress", args, decode)
 
-    def tick(self, now: float | None = None, sweep_limit: int = 100) -> Call:
-        def decode(r):
-            grew = {_s(r[2][i]): float(_s(r[2][i + 1])) for i in range(0, len(r[2]), 2)}
-            return Tick(int(r[1]), grew, bool(int(r[3])))
-
-        return self._call("tick", [_now(now), str(sweep_limit)], decode)
-
-    # -- reading -----------------------------------------------------------------------------
-    def census(self, now: float | None = None) -> Call:
-        return self._call("census", [_now(now)], decode_census)
-
     def plan(self, *, lane: str | None, pools: list[str] | None, wanted: int, now: float | None = None,
              agent: str | None = None, moves: Iterable[str] = ()) -> Call:
         """``moves``: the pools the caller can move to (none: plan counts only the pools asked for)."""
@@ -539,21 +569,6 @@ class Core:
             return {_s(r[i]): int(r[i + 1]) for i in range(1, len(r), 2)}
 
         return self._call("plan", args, decode)
-
-    def apply(self, policy: dict[str, Any], expected_version: int | None = None, *,
-              recovery_hold: bool = True, now: float | None = None) -> Call:
-        token = uuid.uuid4().hex  # a new policy is new to every cache, even after a wipe
-        args = ["" if expected_version is None else str(expected_version), json.dumps(policy), token,
-                _now(now), "1" if recovery_hold else "0", json.dumps(alternatives_of(policy))]
-        return self._call("apply_config", args, lambda r: Applied(int(r[1]), float(_s(r[2]))))
-
-    # -- errors ------------------------------------------------------------------------------
-    @staticmethod
-    def translate(exc: redis.ResponseError) -> Exception:
-        """Every error reply becomes one of the package's exceptions: no raw ResponseError
-        leaves the client."""
-        return from_reply(str(exc)) or ScriptError(f"redis refused the call: {without_location(str(exc))}")
-
 
 #: What the clients treat as "Redis cannot be reached".
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)

@@ -36,17 +36,18 @@ def readers_from_policy(policy: Mapping[str, Any], env: Mapping[str, str] | None
     return readers
 
 
-def sync_budgets(adm: Any, readers: list[BudgetReader] | None = None, now: float | None = None) -> list[Reading]:
-    """Run the readers once and store every reading they gave (a failing reader is skipped)."""
-    readers = readers_from_policy(adm.policy()) if readers is None else readers
+def sync_budgets(mesh: Any, readers: list[BudgetReader] | None = None, now: float | None = None) -> list[Reading]:
+    """Run the readers once and store every reading they gave (a failing reader is skipped).
+    ``mesh``: the mesh's ``Mesh`` handle."""
+    readers = readers_from_policy(mesh.policy()) if readers is None else readers
     readings = read_all(readers)
     for reading in readings:
-        adm.report_budget(reading, now=now)
+        mesh.report_budget(reading, now=now)
     return readings
 
 
-def day_rollover(adm: Any, readers: list[BudgetReader] | None = None,
+def day_rollover(mesh: Any, readers: list[BudgetReader] | None = None,
                  now: float | None = None) -> tuple[Rollover, list[Reading]]:
     """Refresh the budget readings, then roll the day over (once per UTC day)."""
-    readings = sync_budgets(adm, readers, now)
-    return adm.rollover(now), readings
+    readings = sync_budgets(mesh, readers, now)
+    return mesh.rollover(now), readings

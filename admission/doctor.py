@@ -13,11 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
-from . import scripts
-from .core import UNREACHABLE, Core, empty_list, mesh_key
-from .errors import Unavailable
+from .core import empty_list, mesh_key
 
 
 @dataclass(frozen=True)
@@ -49,15 +45,10 @@ def decode(raw: Any) -> Report:
 
 
 def check(client: Any, mesh: str) -> Report:
-    """Run the doctor on one mesh (sync redis-py client, or a cluster client)."""
-    key = config_key(mesh)
-    try:
-        raw = scripts.call(client, "doctor", [key], [])
-    except redis.ResponseError as exc:
-        raise Core.translate(exc) from None
-    except UNREACHABLE as exc:
-        raise Unavailable(f"admission unavailable: {exc}") from exc
-    return decode(raw)
+    """Run the doctor on one mesh (sync redis-py client, or a cluster client): ``Mesh.doctor``."""
+    from .mesh import Mesh  # the mesh's handle imports this module
+
+    return Mesh(client, mesh=mesh).doctor()
 
 
 def _detail(p: dict[str, Any]) -> str:

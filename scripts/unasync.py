@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FILES = [
     ("admission/aio.py", "admission/client.py"),
     ("admission/_scripts_async.py", "admission/_scripts_sync.py"),
+    ("admission/_mesh_async.py", "admission/mesh.py"),
 ]
 
 #: (regex, replacement), applied in this order, as whole words.
@@ -46,6 +47,8 @@ SUBS = [
     (r"ablocking", "blocking"),
     (r"acheck_confirm", "check_confirm"),
     (r"ashielded", "shielded"),
+    (r"aclose", "close"),
+    (r"_mesh_async", "mesh"),
 ]
 
 

@@ -104,7 +104,7 @@ def build_busy(client: redis.Redis, mesh: str) -> Busy:
     stall, a health sample, a budget reading, a closed provider and an intent watermark: built
     with the public client, at the fixed clock T0."""
     a = Admission(client, mesh=mesh, pod="pod-a", background=False, seed=1)
-    a.apply_policy(POLICY, recovery_hold=False)
+    a.ops.apply_policy(POLICY, recovery_hold=False)
     now = T0
     seats = {}
     for rid, lane, tokens in (("s1", "a", 5000), ("s2", "b", None)):  # s1 declares its size (the cap line)
@@ -124,7 +124,7 @@ def build_busy(client: redis.Redis, mesh: str) -> Busy:
     a.report_health("n@p", depth=1, running=0, ok=True, now=now + 2)
     # the reading straight to the script: budget.Reading refuses a time ahead of this host's clock
     a._exec_or_raise(a.core.budget(provider="p", limit_usd=80.0, spent_usd=0.75, at=now + 2, now=now + 2))
-    a.close_provider("q", why="maintenance", seconds=3600, now=now + 3)
+    a.ops.close_provider("q", why="maintenance", seconds=3600, now=now + 3)
     a.advance("s1", 3, now=now + 3)
     token = client.hget(f"adm:{{{mesh}}}:config", "token")
     return Busy(seats, token, _templates(seats))

@@ -23,7 +23,7 @@ def policy(lanes: dict[str, dict[str, Any]] | None = None, pools: tuple[str, ...
 def adm(client, pod: str = "pod-a", mesh: str = "t", pol: dict | None = None, apply: bool = True) -> Admission:
     a = Admission(client, mesh=mesh, pod=pod, background=False, seed=1)
     if apply:
-        a.apply_policy(pol or policy(), recovery_hold=False)  # a new mesh: nothing to re-assert
+        a.ops.apply_policy(pol or policy(), recovery_hold=False)  # a new mesh: nothing to re-assert
     return a
 
 

@@ -15,14 +15,14 @@ ONE_LANE = {"x": {"floor": 0, "weight": 1, "priority": 1}}
 def test_async_admit_release_census_plan(async_client_factory):
     async def main():
         a = AsyncAdmission(async_client_factory(), mesh="t", pod="p", background=False)
-        assert await a.apply_policy(policy(ONE_LANE), recovery_hold=False) == 1
+        assert await a.ops.apply_policy(policy(ONE_LANE), recovery_hold=False) == 1
         d1 = await a.try_admit(lane="x", model=POOL, round_id="r1", now=T0, draw=0.0)
         d2 = await a.try_admit(lane="x", model=POOL, round_id="r2", now=T0, draw=0.0)
         d3 = await a.try_admit(lane="x", model=POOL, round_id="r3", now=T0, draw=0.0)
         assert (d1.reason, d2.reason, d3.reason) == ("borrowed", "borrowed", "full")
         rel = await a.release(d1.seat, outcome="stall", seconds=1, now=T0 + 1)
         assert rel.status == Status.RELEASED and rel.decreased
-        census = await a.census(now=T0 + 1)
+        census = await a.ops.census(now=T0 + 1)
         assert census["pools"][0]["carryingCapacity"] == 2
         assert await a.plan(lane="x", model=POOL, wanted=5, now=T0 + 1) == 0   # 1 running of 1.4
         assert await a.allowance(lane="x", now=T0 + 1) == 0
@@ -34,7 +34,7 @@ def test_async_admit_release_census_plan(async_client_factory):
 def test_async_round_waits_and_is_woken(async_client_factory):
     async def main():
         holder = AsyncAdmission(async_client_factory(), mesh="t", pod="a", background=False)
-        await holder.apply_policy(policy(ONE_LANE, grow_interval=60, max_estimate=2), recovery_hold=False)
+        await holder.ops.apply_policy(policy(ONE_LANE, grow_interval=60, max_estimate=2), recovery_hold=False)
         seats = [(await holder.try_admit(lane="x", model=POOL, round_id=f"h{i}")).seat for i in range(2)]
         waiter = AsyncAdmission(async_client_factory(), mesh="t", pod="b")
 
@@ -55,7 +55,7 @@ def test_async_wait_timeout_removes_the_ticket(async_client_factory):
     async def main():
         client = async_client_factory()
         a = AsyncAdmission(client, mesh="t", pod="a", background=False)
-        await a.apply_policy(policy(ONE_LANE, grow_interval=0.2), recovery_hold=False)
+        await a.ops.apply_policy(policy(ONE_LANE, grow_interval=0.2), recovery_hold=False)
         for i in range(2):
             await a.try_admit(lane="x", model=POOL, round_id=f"h{i}")
         with pytest.raises(WaitTimeout) as info:
@@ -76,7 +76,7 @@ def test_async_release_and_charge_wait_in_the_outbox_and_count_once(async_client
     async def main():
         a = AsyncAdmission(async_client_factory(), mesh="t", pod="p", background=False,
                            outbox=tmp_path / "p.outbox")
-        await a.apply_policy(policy(ONE_LANE), recovery_hold=False)
+        await a.ops.apply_policy(policy(ONE_LANE), recovery_hold=False)
         real = scripts.acall
 
         async def down(*args, **kwargs):
@@ -93,7 +93,7 @@ def test_async_release_and_charge_wait_in_the_outbox_and_count_once(async_client
         assert len(a._pending) == 2 and a._book.seats == {}
         assert await a.flush() == 0 and await a.flush() == 0
         today = _time.strftime("%Y-%m-%d", _time.gmtime())
-        assert await a.ledger(today) == {"x": {"p": 0.875}, "*": {"p": 0.875}}
+        assert await a.ops.ledger(today) == {"x": {"p": 0.875}, "*": {"p": 0.875}}
     asyncio.run(main())
 
 
@@ -147,7 +147,7 @@ def _queue_a_priced_release(client, path) -> None:
 
     async def main():
         a = AsyncAdmission(client, mesh="t", pod="p", background=False, outbox=path)
-        await a.apply_policy(policy(ONE_LANE), recovery_hold=False)
+        await a.ops.apply_policy(policy(ONE_LANE), recovery_hold=False)
         seat = (await a.try_admit(lane="x", model=POOL, round_id="r1")).seat
         real, scripts.acall = scripts.acall, _down_acall()
         try:
@@ -171,7 +171,7 @@ def test_an_async_pod_built_in_a_loop_replays_its_outbox_at_once(async_client_fa
                     break
                 await asyncio.sleep(0.05)
             assert len(b._pending) == 0, "the restarted pod did not replay its outbox"
-            assert await b.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
+            assert await b.ops.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
         finally:
             await b.close()
     asyncio.run(main())
@@ -191,7 +191,7 @@ def test_an_async_pod_built_outside_a_loop_replays_its_outbox_at_its_first_await
                     break
                 await asyncio.sleep(0.05)
             assert len(b._pending) == 0, "the pod's clock never started"
-            assert await b.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
+            assert await b.ops.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
         finally:
             await b.close()
     asyncio.run(main())
@@ -203,7 +203,7 @@ def test_async_apply_policy_logs_the_version_it_applied(async_client_factory, ca
     async def main():
         a = AsyncAdmission(async_client_factory(), mesh="t", pod="p", background=False)
         with caplog.at_level(logging.INFO, logger="admission"):
-            version = await a.apply_policy(policy(ONE_LANE), recovery_hold=False)
+            version = await a.ops.apply_policy(policy(ONE_LANE), recovery_hold=False)
         logs = [r.admission for r in caplog.records if getattr(r, "admission", None)]
         assert [(e["event"], e["mesh"], e["version"]) for e in logs] == [("policy_applied", "t", version)]
     asyncio.run(main())
@@ -219,7 +219,7 @@ def test_async_revision_is_a_whole_number_on_every_ask(async_client_factory):
 
     async def main():
         a = AsyncAdmission(async_client_factory(), mesh="t", pod="p", background=False)
-        await a.apply_policy(policy(ONE_LANE), recovery_hold=False)
+        await a.ops.apply_policy(policy(ONE_LANE), recovery_hold=False)
         async with a.round(lane="x", model=POOL, round_id="r1", revision=3) as r:
             assert r.seat.id == "r1"
         assert (await a.admit_waiting(lane="x", model=POOL, round_id="r2", revision=0)).admitted
@@ -242,7 +242,7 @@ def test_an_async_release_with_a_price_while_redis_is_down_is_booked_once_when_i
 
     async def main(srv):
         a = AsyncAdmission.from_url(srv.url, mesh="t", pod="p", background=False, outbox=tmp_path / "p.outbox")
-        await a.apply_policy(pol, recovery_hold=False)
+        await a.ops.apply_policy(pol, recovery_hold=False)
         seat = (await a.try_admit(lane="x", model=POOL, round_id="r1")).seat
         srv.kill()
         r = await a.release(seat, cost_usd=0.5)
@@ -250,13 +250,13 @@ def test_an_async_release_with_a_price_while_redis_is_down_is_booked_once_when_i
         assert await a.flush() == 1                     # still down: kept
         srv.restart()                                   # empty, as an unpersisted Redis after a crash
         assert await a.flush() == 1                     # no policy yet: kept
-        await a.apply_policy(pol, recovery_hold=False)
+        await a.ops.apply_policy(pol, recovery_hold=False)
         assert await a.flush() == 0
-        assert await a.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
+        assert await a.ops.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
         with pytest.raises(UnknownSeat):                # sent again: the seat is gone, its cost booked
             await a.release(seat, cost_usd=0.5)
         assert await a.flush() == 0
-        assert await a.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
+        assert await a.ops.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
         await a.close()
 
     with LocalServer(real_engine) as srv:

@@ -131,14 +131,14 @@ def test_malformed_policy_is_refused_and_changes_nothing(redis_client, busy, mut
     pol = policy({"a": {"floor": 0, "weight": 1, "priority": 1}})
     mutate(pol)
     with pytest.warns(UserWarning) if message == "retired" else _null():
-        msg = unchanged(redis_client, lambda: a.apply_policy(pol), PolicyError)
+        msg = unchanged(redis_client, lambda: a.ops.apply_policy(pol), PolicyError)
     assert message in msg
 
 
 def test_policy_with_a_key_breaking_lane_name_changes_nothing(redis_client, busy):
     a, _ = busy
     pol = policy({"a{x}": {"floor": 0, "weight": 1, "priority": 1}})
-    unchanged(redis_client, lambda: a.apply_policy(pol), BadName)
+    unchanged(redis_client, lambda: a.ops.apply_policy(pol), BadName)
 
 
 def test_no_policy_yet_is_a_clear_error(redis_client):

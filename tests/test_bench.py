@@ -65,7 +65,7 @@ def test_the_floor_function_leaves_the_mesh_untouched():
         from admission import Admission
 
         adm = Admission(c, mesh=bench.MESH, pod="bench", background=False)
-        adm.apply_policy(bench.bench_policy(7, 100), recovery_hold=False)
+        adm.ops.apply_policy(bench.bench_policy(7, 100), recovery_hold=False)
         before = {k: c.type(k) for k in c.keys("*")}
         c.function_load(bench.FLOOR_LIBRARY, replace=True)
         reply = bench.floor(c, adm.core.config_key, "f-1", bench.lane_fields(7))

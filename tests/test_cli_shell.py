@@ -207,16 +207,16 @@ def test_census_sweeps_expired_leases_first_on_every_engine(redis_client):
     a = Admission(redis_client, mesh="lease", pod="pod-a", background=False)
     pol = policy({"a": {"floor": 0.5, "weight": 1, "priority": 1}}, lease_ttl=0.3)
     pol.pop("clock")                                                          # Redis' own clock
-    a.apply_policy(pol, recovery_hold=False)
+    a.ops.apply_policy(pol, recovery_hold=False)
     assert a.try_admit(lane="a", model="m@p", round_id="dead", draw=0.0).admitted
     with pytest.raises(CliError) as err:                                    # read-only, nothing stored yet
-        read_census(a, "lease", no_sweep=True)
+        read_census(a.ops, "lease", no_sweep=True)
     assert err.value.code == 4
     time.sleep(0.5)
-    assert read_census(a, "lease", no_sweep=False)["pools"][0]["running"] == 0
+    assert read_census(a.ops, "lease", no_sweep=False)["pools"][0]["running"] == 0
     assert [f["round"] for _, f in latest_events(redis_client, "adm:{lease}:events", 5,
                                                  EventFilter(kinds=["expired"]))[0]] == ["dead"]
-    assert read_census(a, "lease", no_sweep=True)["pools"][0]["running"] == 0
+    assert read_census(a.ops, "lease", no_sweep=True)["pools"][0]["running"] == 0
 
 
 def test_census_plain_into_a_pipe_and_quiet_when_the_pipe_closes(applied):
@@ -290,7 +290,7 @@ def test_events_follow_prints_new_events_as_they_come(applied):
 
 def test_events_refusals_shows_the_counts_per_pool_lane_and_reason(server_url):
     a = Admission(redis.Redis.from_url(server_url), mesh="ref", pod="pod-a", background=False)
-    a.apply_policy(policy({"a": {"floor": 0, "weight": 1, "priority": 1}}, seed_estimate=1, max_estimate=1),
+    a.ops.apply_policy(policy({"a": {"floor": 0, "weight": 1, "priority": 1}}, seed_estimate=1, max_estimate=1),
                    recovery_hold=False)
     a.try_admit(lane="a", model="m@p", round_id="holder", now=T0, draw=0.0)
     for i in range(3):

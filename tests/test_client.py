@@ -230,7 +230,7 @@ def test_every_lease_written_keeps_the_sweep_marker_before_it(redis_client):
     a = adm(redis_client, pol=policy(ONE_LANE, lease_ttl=100, max_estimate=3))
     Rounds(a).fill("x", 1)                                        # lease ends at T0 + 100
     assert _sweep_at(redis_client) == T0 + 100
-    a.apply_policy(policy(ONE_LANE, lease_ttl=10, max_estimate=3), recovery_hold=False)
+    a.ops.apply_policy(policy(ONE_LANE, lease_ttl=10, max_estimate=3), recovery_hold=False)
     b = adm(redis_client, pod="pod-b", apply=False)
     assert b.try_admit(lane="x", model=POOL, round_id="short", now=T0 + 1, draw=0.0).admitted
     assert _sweep_at(redis_client) == T0 + 11                     # an admit's seat
@@ -284,7 +284,7 @@ def test_heartbeat_re_asserts_seats_the_server_lost(redis_client):
     a = adm(redis_client, pol=pol)
     seat = Rounds(a).fill("x", 1)[0]
     redis_client.flushall()                         # a restart without persistence
-    a.apply_policy(pol, recovery_hold=False)
+    a.ops.apply_policy(pol, recovery_hold=False)
     hb = a.heartbeat(now=T0 + 5)
     assert hb.reasserted == [seat.id]
     assert pool_state(redis_client)["running"] == "1"
@@ -348,7 +348,7 @@ def test_a_restarted_pod_replays_its_outbox_at_once(redis_client, tmp_path, monk
 
     path = tmp_path / "p.outbox"
     a = Admission(redis_client, mesh="t", pod="p", background=False, outbox=path)
-    a.apply_policy(policy(ONE_LANE), recovery_hold=False)
+    a.ops.apply_policy(policy(ONE_LANE), recovery_hold=False)
     seat = a.try_admit(lane="x", model=POOL, round_id="r1").seat
     monkeypatch.setattr(scripts, "call", lambda *a_, **k: (_ for _ in ()).throw(_redis.ConnectionError("down")))
     assert a.release(seat, cost_usd=0.5).queued
@@ -362,7 +362,7 @@ def test_a_restarted_pod_replays_its_outbox_at_once(redis_client, tmp_path, monk
         assert len(b._pending) == 0, "the restarted pod did not replay its outbox"
     finally:
         b.close()
-    assert b.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
+    assert b.ops.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
 
 
 def test_apply_policy_logs_the_version_it_applied(redis_client, caplog):
@@ -370,7 +370,7 @@ def test_apply_policy_logs_the_version_it_applied(redis_client, caplog):
 
     a = Admission(redis_client, mesh="t", pod="p", background=False)
     with caplog.at_level(logging.INFO, logger="admission"):
-        version = a.apply_policy(policy(ONE_LANE), recovery_hold=False)
+        version = a.ops.apply_policy(policy(ONE_LANE), recovery_hold=False)
     logs = [r.admission for r in caplog.records if getattr(r, "admission", None)]
     assert [(e["event"], e["mesh"], e["version"]) for e in logs] == [("policy_applied", "t", version)]
 
@@ -383,7 +383,7 @@ def test_revision_is_a_whole_number_on_every_ask(redis_client):
     for name in ("try_admit", "admit_waiting", "round"):
         assert inspect.signature(getattr(Admission, name)).parameters["revision"].annotation == "int | None"
     a = Admission(redis_client, mesh="t", pod="p", background=False)
-    a.apply_policy(policy(ONE_LANE), recovery_hold=False)
+    a.ops.apply_policy(policy(ONE_LANE), recovery_hold=False)
     with a.round(lane="x", model=POOL, round_id="r1", revision=3) as r:
         assert r.seat.id == "r1"
     assert a.admit_waiting(lane="x", model=POOL, round_id="r2", revision=0).admitted
@@ -404,7 +404,7 @@ def test_a_release_with_a_price_while_redis_is_down_is_booked_once_when_it_is_ba
     pol.pop("clock")
     with LocalServer(real_engine) as srv:
         a = Admission.from_url(srv.url, mesh="t", pod="p", background=False, outbox=tmp_path / "p.outbox")
-        a.apply_policy(pol, recovery_hold=False)
+        a.ops.apply_policy(pol, recovery_hold=False)
         seat = a.try_admit(lane="x", model=POOL, round_id="r1").seat
         srv.kill()
         r = a.release(seat, cost_usd=0.5)
@@ -412,11 +412,11 @@ def test_a_release_with_a_price_while_redis_is_down_is_booked_once_when_it_is_ba
         assert a.flush() == 1                           # still down: kept
         srv.restart()                                   # empty, as an unpersisted Redis after a crash
         assert a.flush() == 1                           # no policy yet: kept
-        a.apply_policy(pol, recovery_hold=False)
+        a.ops.apply_policy(pol, recovery_hold=False)
         assert a.flush() == 0
-        assert a.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
+        assert a.ops.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
         with pytest.raises(UnknownSeat):                # sent again: the seat is gone, its cost booked
             a.release(seat, cost_usd=0.5)
         assert a.flush() == 0
-        assert a.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
+        assert a.ops.ledger(_today()) == {"x": {"p": 0.5}, "*": {"p": 0.5}}
         a.close()

@@ -71,7 +71,7 @@ def _exercise(rc: RedisCluster, mesh: str) -> dict:
     """One mesh's life on the cluster; returns what it left running/waiting."""
     adm = Admission(rc, mesh=mesh, pod="pod-a", background=False, seed=1)
     other = Admission(rc, mesh=mesh, pod="pod-b", background=False, seed=2)
-    assert adm.apply_policy(POLICY, recovery_hold=False) == 1
+    assert adm.ops.apply_policy(POLICY, recovery_hold=False) == 1
     assert adm.policy()["version"] == 1 and adm.tunables()["lease_ttl"] == 30
     t = time.time()  # near Redis' clock: admit_waiting below runs on real time
     a1 = adm.try_admit(lane="alpha", model=POOL, round_id="a1", now=t, draw=0.0)
@@ -98,7 +98,7 @@ def _exercise(rc: RedisCluster, mesh: str) -> dict:
 
     tk = adm.tick(now=t + 5)
     assert tk.swept == 0 and tk.census_refreshed
-    doc = adm.census(now=t + 5)
+    doc = adm.ops.census(now=t + 5)
     (row,) = [p for p in doc["pools"] if p["pool"] == POOL]
     assert doc["mesh"] == mesh and row["running"] == 1 and row["waiting"] == 1 and not row["exhausted"]
     (other_row,) = [p for p in doc["pools"] if p["pool"] == "n@sim"]
@@ -169,7 +169,7 @@ def test_background_round_and_wakeup_on_cluster(rc):
     release wake-up published from inside the release script."""
     (mesh,) = _meshes_on_distinct_nodes(rc, 1)
     setup = Admission(rc, mesh=mesh, pod="setup", background=False)
-    setup.apply_policy(POLICY, recovery_hold=False)
+    setup.ops.apply_policy(POLICY, recovery_hold=False)
     sub = rc.pubsub()
     sub.subscribe(f"adm:{{{mesh}}}:wake")
     deadline = time.monotonic() + 5

@@ -56,7 +56,7 @@ def confirmed(primary: LocalServer, outbox, *, timeout: float = 0.05, apply: boo
     a = Admission(primary.client(), mesh=MESH, pod="pod-a", background=False, seed=1, outbox=str(outbox),
                   confirm_replicas=1, confirm_timeout=timeout)
     if apply:
-        a.apply_policy(policy(), recovery_hold=False)
+        a.ops.apply_policy(policy(), recovery_hold=False)
     return a
 
 
@@ -142,7 +142,7 @@ def test_the_asyncio_client_confirms_ledger_writes_too(pair, tmp_path):
     async def main():
         a = AsyncAdmission(aredis.Redis(port=primary.port), mesh=MESH, pod="pod-a", background=False, seed=1,
                            outbox=str(tmp_path / "pod.outbox"), confirm_replicas=1, confirm_timeout=0.05)
-        await a.apply_policy(policy(), recovery_hold=False)
+        await a.ops.apply_policy(policy(), recovery_hold=False)
         d = await a.try_admit(lane="a", model=POOL, round_id="r1", now=T0, draw=0.0, wait=False)
         with frozen(replica):
             await a.release(d.seat, cost_usd=0.5, now=T0, at=T0)

@@ -297,7 +297,7 @@ def test_acl_pod_user_runs_the_rules_and_nothing_else(server_url, real_engine):
         scripts.load(admin.redis)                               # the admin may load the library
         pol = policy(grow_interval=60, max_estimate=2)             # 2 slots, no growth
         pol["clock"] = "server"                                 # the background clock calls without now=
-        admin.apply_policy(pol, recovery_hold=False)
+        admin.ops.apply_policy(pol, recovery_hold=False)
 
         pod_url = user_url(server_url, "admission", POD_PW)
         pod_a = Admission.from_url(pod_url, mesh=MESH, pod="pod-a", background=False)
@@ -326,12 +326,12 @@ def test_acl_pod_user_runs_the_rules_and_nothing_else(server_url, real_engine):
         assert pod_a.report(d2.seat, signal="stall").status.name == "REPORTED"
         pod_b.release(got["d"].seat, outcome="clean", seconds=0.5)
         pod_a.release(d2.seat, outcome="stall", seconds=2.0)
-        census = pod_a.census()
+        census = pod_a.ops.census()
         assert census["mesh"] == MESH and census["pools"][0]["running"] == 0
         assert pod_a.plan(lane="a", model="m@p", wanted=3) >= 1 and pod_a.allowance(lane="a") >= 1
         day = time.strftime("%Y-%m-%d", time.gmtime())
-        assert pod_a.ledger(day)["a"]["p"] == pytest.approx(0.75)
-        assert pod_a.rollover().day                                          # the midnight CronJob's call
+        assert pod_a.ops.ledger(day)["a"]["p"] == pytest.approx(0.75)
+        assert pod_a.ops.rollover().day                                          # the midnight CronJob's call
         assert pod_a.redis.get(f"adm:{{{MESH}}}:census")                     # GET of the read model
         # the CLI: the services' commands as the pod user, the operator's as the admin
         admin_url = user_url(server_url, "admission-admin", ADMIN_PW)
@@ -447,7 +447,7 @@ def test_acl_narrowed_to_one_mesh(server_url):
     clients = []
     try:
         for mesh in (MESH, "elsewhere"):
-            Admission(root, mesh=mesh, pod="ops", background=False).apply_policy(policy(), recovery_hold=False)
+            Admission(root, mesh=mesh, pod="ops", background=False).ops.apply_policy(policy(), recovery_hold=False)
         pod = Admission.from_url(user_url(server_url, "admission", POD_PW), mesh=MESH, pod="p", background=False)
         other = Admission.from_url(user_url(server_url, "admission", POD_PW), mesh="elsewhere", pod="p",
                                    background=False)
@@ -482,7 +482,7 @@ def test_acl_on_a_cluster(cluster):
         pod = RedisCluster(startup_nodes=cluster.startup_nodes, username="admission", password=POD_PW)
         clients += [admin, pod]
         scripts.load(admin)                          # on every primary
-        Admission(admin, mesh=mesh, pod="ops", background=False).apply_policy(policy(), recovery_hold=False)
+        Admission(admin, mesh=mesh, pod="ops", background=False).ops.apply_policy(policy(), recovery_hold=False)
         adm = Admission(pod, mesh=mesh, pod="p", background=False)
         d = adm.try_admit(lane="a", model="m@p", round_id="c1", now=2e9, draw=0.0)
         assert d.admitted
@@ -511,7 +511,7 @@ def test_a_ledger_record_that_meets_a_lost_library_waits_for_the_admin(server_ur
                                background=False)
     pod = None
     try:
-        admin.apply_policy(policy(), recovery_hold=False)
+        admin.ops.apply_policy(policy(), recovery_hold=False)
         pod = Admission.from_url(user_url(server_url, "admission", POD_PW), mesh=MESH, pod="p", background=False,
                                  outbox=str(tmp_path / "p.outbox"))
         d = pod.try_admit(lane="a", model="m@p", round_id="w1", draw=0.0)
@@ -520,9 +520,9 @@ def test_a_ledger_record_that_meets_a_lost_library_waits_for_the_admin(server_ur
         root.flushall()
         charged = pod.charge(d.seat, cost_usd=0.25, key="step")
         assert charged.queued and pod.flush() == 1
-        admin.apply_policy(policy(), recovery_hold=False)  # the admin's job loads the library again
+        admin.ops.apply_policy(policy(), recovery_hold=False)  # the admin's job loads the library again
         assert pod.flush() == 0
-        assert pod.ledger(time.strftime("%Y-%m-%d", time.gmtime()))["*"]["p"] == pytest.approx(0.25)
+        assert pod.ops.ledger(time.strftime("%Y-%m-%d", time.gmtime()))["*"]["p"] == pytest.approx(0.25)
     finally:
         if pod is not None:
             pod.close()

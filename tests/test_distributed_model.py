@@ -219,7 +219,7 @@ class DistributedMachine(RuleBasedStateMachine):
     def start_pods(self, n):
         for i, slot in enumerate(SLOTS[:n]):
             self.pods[slot] = self._new_pod(slot, slot, seed=i)
-        self.pods[SLOTS[0]].adm.apply_policy(POLICY, recovery_hold=False)
+        self.pods[SLOTS[0]].adm.ops.apply_policy(POLICY, recovery_hold=False)
 
     def _new_pod(self, slot: str, name: str, seed: int) -> Pod:
         client = self.world.pod_client()
@@ -605,7 +605,7 @@ class DistributedMachine(RuleBasedStateMachine):
 
     def census_agrees(self, data):
         self._cached = None
-        doc = self._pick(data).adm.census(now=self.now)
+        doc = self._pick(data).adm.ops.census(now=self.now)
         st_ = read_state(self.obs)
         for row in doc["pools"]:
             p = row["pool"]
@@ -637,7 +637,7 @@ class DistributedMachine(RuleBasedStateMachine):
         runs (a retried job, a policy change) it must not end the hold."""
         self._cached = None
         first = not self.policy
-        self.pods[min(self.pods)].adm.apply_policy(POLICY, now=self.now)
+        self.pods[min(self.pods)].adm.ops.apply_policy(POLICY, now=self.now)
         if first:
             self.policy = True
             self.hold_until = self.now + HOLD
@@ -753,8 +753,8 @@ def test_a_second_apply_during_the_recovery_hold_keeps_the_hold(redis_client):
     for i in range(2):  # the pool's two slots
         assert a.try_admit(lane="gamma", model=pool, round_id=f"a{i}", now=T0, draw=0.0).admitted
     redis_client.flushall()                     # a restart without persistence
-    b.apply_policy(POLICY, now=T0 + 1)          # the hold runs until T0 + 1 + HOLD
-    b.apply_policy(POLICY, now=T0 + 2)          # the apply job runs again
+    b.ops.apply_policy(POLICY, now=T0 + 1)          # the hold runs until T0 + 1 + HOLD
+    b.ops.apply_policy(POLICY, now=T0 + 2)          # the apply job runs again
     d = b.try_admit(lane="gamma", model=pool, round_id="new", now=T0 + 3, draw=0.0)
     assert (d.admitted, d.reason) == (False, "recovering")
     assert sorted(a.heartbeat(now=T0 + 5).reasserted) == ["a0", "a1"]

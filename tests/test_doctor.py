@@ -25,7 +25,7 @@ POLICY = policy(LANES, pools=(M, N), seed_estimate=2, max_estimate=2)
 def _setup(client):
     """Seats r1, r2 (lane a) on m@p, s3 (lane b) on n@p; waiters w1 (a) and w2 (b) on m@p."""
     a = Admission(client, mesh="t", pod="pod-a", background=False, seed=1)
-    a.apply_policy(POLICY, recovery_hold=False)   # a new mesh: nothing to re-assert
+    a.ops.apply_policy(POLICY, recovery_hold=False)   # a new mesh: nothing to re-assert
     seats = {}
     for rid, lane, pool in (("r1", "a", M), ("r2", "a", M), ("s3", "b", N)):
         d = a.try_admit(lane=lane, model=pool, round_id=rid, draw=0.0)
@@ -159,14 +159,14 @@ def test_a_mesh_with_seats_and_no_policy_at_all(redis_client):
 def test_a_removed_pool_and_lane_are_still_counted(redis_client):
     a, _ = _setup(redis_client)
     # the new policy drops pool n@p (where s3 runs) and lane b (w2 waits in it on m@p)
-    a.apply_policy(policy({"a": LANES["a"]}, pools=(M,), seed_estimate=2, max_estimate=2), recovery_hold=False)
+    a.ops.apply_policy(policy({"a": LANES["a"]}, pools=(M,), seed_estimate=2, max_estimate=2), recovery_hold=False)
     assert _check(redis_client) == doctor.Report(True, 3, 2, [])
 
 
 @pytest.mark.corrupts_state
 def test_a_removed_pool_and_lane_bad_counts_are_found(redis_client):
     a, _ = _setup(redis_client)
-    a.apply_policy(policy({"a": LANES["a"]}, pools=(M,), seed_estimate=2, max_estimate=2), recovery_hold=False)
+    a.ops.apply_policy(policy({"a": LANES["a"]}, pools=(M,), seed_estimate=2, max_estimate=2), recovery_hold=False)
     redis_client.hincrby(P + f"pool:{N}", "running", 1)
     redis_client.hincrby(P + f"lanes:{M}", "b|w", 1)
     assert _check(redis_client).problems == [
@@ -177,7 +177,7 @@ def test_a_removed_pool_and_lane_bad_counts_are_found(redis_client):
 @pytest.mark.corrupts_state
 def test_a_removed_lane_is_checked_by_its_records_and_by_its_count_fields(redis_client):
     a, _ = _setup(redis_client)
-    a.apply_policy(policy({"a": LANES["a"]}, pools=(M,), seed_estimate=2, max_estimate=2), recovery_hold=False)
+    a.ops.apply_policy(policy({"a": LANES["a"]}, pools=(M,), seed_estimate=2, max_estimate=2), recovery_hold=False)
     redis_client.hdel(P + f"lanes:{M}", "b|w")   # lane b: named only by its waiter w2 now
     redis_client.hset(P + f"lanes:{N}", "c", 1)  # lane c: named only by its count field
     assert _check(redis_client).problems == [

@@ -110,7 +110,7 @@ def test_expired_seat_is_an_event_with_its_pool_lane_and_pod(redis_client):
     a.tick(now=T0 + 31)                                                      # the clock sweeps it
     expired = [e for e in stream(redis_client) if e["kind"] == "expired"]
     assert expired == [{"kind": "expired", "round": "dead-pod-round", "pool": POOL, "lane": "b", "pod": "pod-a"}]
-    assert d.seat and a.census(now=T0 + 31)["pools"][0]["running"] == 0
+    assert d.seat and a.ops.census(now=T0 + 31)["pools"][0]["running"] == 0
 
 
 def test_expired_seat_swept_by_an_admit_is_an_event_too(redis_client):
@@ -191,7 +191,7 @@ def test_totals_count_moves_from_the_pool_asked_for(redis_client):
 def test_raw_census_key_writes_empty_lists_as_lists(redis_client):
     """Redis' and Valkey's cjson write an empty table as {} (fakeredis writes [] by itself)."""
     a = adm(redis_client, pol=policy(ONE_LANE))
-    a.census(now=T0)
+    a.ops.census(now=T0)
     raw = redis_client.get("adm:{t}:census").decode()
     assert '"starving":[]' in raw and '"lanes":[]' in raw and '"mustYield":[]' in raw and "{}" not in raw
     assert json.loads(raw)["starving"] == []
@@ -200,7 +200,7 @@ def test_raw_census_key_writes_empty_lists_as_lists(redis_client):
 def test_error_messages_carry_no_lua_location(redis_client):
     a = Admission(redis_client, mesh="nothing", pod="p", background=False)
     with pytest.raises(NoPolicy) as err:
-        a.census()
+        a.ops.census()
     assert "script:" not in str(err.value) and "@user_function" not in str(err.value)
     assert str(err.value).startswith("no policy applied to this mesh")
     # what Redis 7 and Valkey 8 append to a function's error reply, as the issue saw it
@@ -237,8 +237,8 @@ def test_events_cli_filters_and_the_latest_matching(redis_client):
 
 def test_events_cli_a_pool_filter_keeps_its_providers_closures(redis_client):
     a = adm(redis_client, pol=policy(ONE_LANE, pools=("m@p", "n@q")))
-    a.close_provider("p", why="maintenance", seconds=60, now=T0)
-    a.close_provider("q", why="maintenance", seconds=60, now=T0)
+    a.ops.close_provider("p", why="maintenance", seconds=60, now=T0)
+    a.ops.close_provider("q", why="maintenance", seconds=60, now=T0)
     got, _ = latest_events(redis_client, "adm:{t}:events", 10, EventFilter(pools=["m@p"]))
     assert [(f["kind"], f["provider"]) for _, f in got] == [("closed", "p")]
 

@@ -51,7 +51,7 @@ def mesh(server_url, real_engine):
                  pools=(POOL,), max_estimate=MAX_ESTIMATE, grow_interval=1, lease_ttl=6)
     del pol["clock"]  # the server's clock, as in production
     adm = Admission.from_url(server_url, mesh=MESH, pod="test", background=False)
-    adm.apply_policy(pol, recovery_hold=False)
+    adm.ops.apply_policy(pol, recovery_hold=False)
     client = redis.Redis.from_url(server_url, decode_responses=True)
     for i in range(ITEMS):
         client.lpush(f"work:{QUEUE}", json.dumps({"id": f"item-{i}", "lane": LANES[i % 2], "prompt": f"task {i}"}))
@@ -83,7 +83,7 @@ def _done(client: redis.Redis) -> list[dict]:
 
 
 def _no_seat_left(m: dict) -> dict:
-    row = pool_row(m["adm"].census(), POOL)
+    row = pool_row(m["adm"].ops.census(), POOL)
     assert row["running"] == 0 and row["waiting"] == 0, row
     return row
 
@@ -117,7 +117,7 @@ def test_sigterm_midway_exits_cleanly_and_loses_nothing(mesh, example):
     # and others wait for a seat
     proc = _start(example, mesh, "--max-tokens", "6000", "--grace", "10")
     deadline = time.monotonic() + 20
-    while not _done(mesh["redis"]) or pool_row(mesh["adm"].census(), POOL)["waiting"] < 1 \
+    while not _done(mesh["redis"]) or pool_row(mesh["adm"].ops.census(), POOL)["waiting"] < 1 \
             or _provider(mesh)["in_flight"] < 1:
         assert proc.poll() is None and time.monotonic() < deadline, "the worker never got going"
         time.sleep(0.05)
@@ -155,7 +155,7 @@ def test_sigterm_while_every_round_waits_for_a_seat(mesh, example):
     assert all(d.admitted for d in held)
     proc = _start(example, mesh, "--max-tokens", "1000", "--grace", "1")
     deadline = time.monotonic() + 20
-    while pool_row(adm.census(), POOL)["waiting"] < 2:
+    while pool_row(adm.ops.census(), POOL)["waiting"] < 2:
         assert proc.poll() is None and time.monotonic() < deadline, "the worker never asked"
         adm.heartbeat()  # the held seats' leases
         time.sleep(0.05)
@@ -164,7 +164,7 @@ def test_sigterm_while_every_round_waits_for_a_seat(mesh, example):
     out = _finish(proc)
     took = time.monotonic() - started
     assert proc.returncode == 0, out
-    row = pool_row(adm.census(), POOL)
+    row = pool_row(adm.ops.census(), POOL)
     assert row["running"] == 2 and _provider(mesh)["requests"] == 0  # only the test's seats
     if example == "worker_async.py":
         assert row["waiting"] == 0 and took < 1.5, (row, took, out)

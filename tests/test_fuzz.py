@@ -252,7 +252,7 @@ def test_a_policy_apply_policy_refuses_changes_nothing_and_one_it_accepts_breaks
         stats.tried["apply_policy"] += 1
         before = fuzzer.state
         try:
-            a.apply_policy(doc, recovery_hold=False)
+            a.ops.apply_policy(doc, recovery_hold=False)
         except AdmissionError as exc:
             stats.replies["apply_policy", type(exc).__name__] += 1
             if snapshot(client) != before:

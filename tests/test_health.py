@@ -220,7 +220,7 @@ def test_arun_once_writes_through_async_admission(async_client_factory, server):
     async def main():
         client = async_client_factory()
         a = AsyncAdmission(client, mesh="t", pod="p", background=False)
-        await a.apply_policy(health_policy(**{"m@p": {"health_url": server + "/metrics"}, "n@p": {}}),
+        await a.ops.apply_policy(health_policy(**{"m@p": {"health_url": server + "/metrics"}, "n@p": {}}),
                              recovery_hold=False)
         run = SamplerRun([*health.samplers_from_policy(await a.policy()),
                           VllmSampler("n@p", server + "/broken", every=1)])
@@ -250,7 +250,7 @@ def test_run_cli_once(redis_client, server, capsys):
     assert health.run_cli(parse("run", "--once"), a) == 0
     assert capsys.readouterr().out == "m@p depth=3 running=5 ok\n"
     assert plane(redis_client)["healthDepth"] == "3"
-    a.apply_policy(health_policy(**{"m@p": {"health_url": server + "/metrics"},
+    a.ops.apply_policy(health_policy(**{"m@p": {"health_url": server + "/metrics"},
                                     "n@p": {"health_url": server + "/broken"}}), recovery_hold=False)
     assert health.run_cli(parse("run", "--once"), a) == 1
     assert capsys.readouterr().out == f"m@p depth=3 running=5 ok\nn@p FAILED: HTTP 500 from {server}/broken\n"
@@ -270,7 +270,7 @@ def test_run_cli_runs_until_ctrl_c_and_follows_the_policy(redis_client, server, 
     def sleep(seconds):
         naps.append(seconds)
         if len(naps) == 1:   # an operator applies a new policy while the sampler runs
-            a.apply_policy(health_policy(**{"m@p": {"health_url": server + "/broken"}}), recovery_hold=False)
+            a.ops.apply_policy(health_policy(**{"m@p": {"health_url": server + "/broken"}}), recovery_hold=False)
         else:
             raise KeyboardInterrupt
 

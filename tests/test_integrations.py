@@ -63,11 +63,11 @@ def usd(pool: str, usage) -> float:
 
 
 def spent(adm, lane: str = "a", provider: str = "openai") -> float:
-    return adm.ledger(today()).get(lane, {}).get(provider, 0.0)
+    return adm.ops.ledger(today()).get(lane, {}).get(provider, 0.0)
 
 
 def running(adm, pool: str = GPT) -> int:
-    return pool_row(adm.census(), pool)["running"]
+    return pool_row(adm.ops.census(), pool)["running"]
 
 
 def totals(adm) -> dict[str, int]:
@@ -108,7 +108,7 @@ def make_adm(server_url):
     def make(pol: dict | None = None, mesh: str | None = None, pod: str = "pod-a") -> Admission:
         a = Admission.from_url(server_url, mesh=mesh or f"int-{uuid.uuid4().hex[:8]}", pod=pod, background=True)
         if mesh is None:
-            a.apply_policy(pol or integration_policy(), recovery_hold=False)
+            a.ops.apply_policy(pol or integration_policy(), recovery_hold=False)
         made.append(a)
         return a
 
@@ -119,7 +119,7 @@ def make_adm(server_url):
 
 async def async_adm(url: str, pol: dict | None = None) -> AsyncAdmission:
     a = AsyncAdmission.from_url(url, mesh=f"int-{uuid.uuid4().hex[:8]}", pod="pod-a", background=True)
-    await a.apply_policy(pol or integration_policy(), recovery_hold=False)
+    await a.ops.apply_policy(pol or integration_policy(), recovery_hold=False)
     return a
 
 
@@ -136,7 +136,7 @@ async def aclose(adm: AsyncAdmission) -> None:
 
 
 async def arunning(adm, pool: str = GPT) -> int:
-    return pool_row(await adm.census(), pool)["running"]
+    return pool_row(await adm.ops.census(), pool)["running"]
 
 
 def oai(url: str, adm, **kw):
@@ -208,7 +208,7 @@ def test_openai_call_runs_in_one_round_priced_and_released(make_adm, provider):
     assert answer.usage.completion_tokens == 60
     assert tombstone(adm, "t-1")[0::3] == ["released", GPT]           # released, on the pool asked
     assert spent(adm) == pytest.approx(usd(GPT, answer.usage))
-    row = pool_row(adm.census(), GPT)
+    row = pool_row(adm.ops.census(), GPT)
     assert row["running"] == 0 and row["successes"] + row["failures"] == 1
     assert row["meanCostUsd"] > 0
     assert srv.stats()["models"]["gpt-x"]["requests"] == 1
@@ -288,7 +288,7 @@ def test_openai_async_wrapper_admits_prices_streams_and_takes_the_context(server
         assert await arunning(adm) == 1
         chunks = [c async for c in stream]
         assert await arunning(adm) == 0
-        ledger = await adm.ledger(today())
+        ledger = await adm.ops.ledger(today())
         gone = (await adm.redis.get(f"adm:{{{adm.mesh}}}:gone:actx-1")).decode().split("|")
         await aclose(adm)
         return answer, chunks, ledger, gone
@@ -332,7 +332,7 @@ def test_a_burst_never_has_more_in_flight_than_the_admission_allowed_and_429s_ar
     assert stats["peak_in_flight"] <= max(slots) < len(threads)
     assert stats["429"] >= 1
     assert totals(adm).get(f"signal|{GPT}|rate_limited") == stats["429"]   # each 429 was load
-    row = pool_row(adm.census(), GPT)
+    row = pool_row(adm.ops.census(), GPT)
     assert row["carryingCapacity"] > 0 and row["running"] == 0
     assert stats["requests"] == admitted_count(adm)   # every request was admitted, no SDK retry
 
@@ -353,7 +353,7 @@ def test_a_429_with_retry_after_pauses_the_pool_for_every_pod(make_adm, provider
     other_pod = make_adm(mesh=adm.mesh, pod="pod-b")
     d = other_pod.try_admit(lane="a", model=GPT, round_id="after-429")
     assert (d.admitted, d.reason) == (False, "paused") and d.paused_for > 0
-    assert pool_row(adm.census(), GPT)["pausedUntil"] > 0
+    assert pool_row(adm.ops.census(), GPT)["pausedUntil"] > 0
     long_one.join(10)
 
 
@@ -375,7 +375,7 @@ def test_an_injected_500_counts_as_an_error_and_is_not_retried(make_adm, provide
     srv, url = provider(faults={500: 1.0})
     with pytest.raises(openai.InternalServerError):
         oai(url, adm, retries=2).chat.completions.create(model="gpt-x", messages=ASK, max_tokens=60)
-    row = pool_row(adm.census(), GPT)
+    row = pool_row(adm.ops.census(), GPT)
     assert (row["failures"], row["carryingCapacity"], row["running"]) == (1, 0, 0)
     assert f"signal|{GPT}|rate_limited" not in totals(adm)
     assert srv.stats()["models"]["gpt-x"]["requests"] == 1
@@ -438,7 +438,7 @@ def test_anthropic_529_overloaded_counts_as_rate_limited_not_error(make_adm, pro
     stats = srv.stats()["models"]["claude-x"]
     assert (stats["requests"], stats["529"]) == (2, 2)          # the wrapper's retry, no SDK retry
     assert totals(adm)[f"signal|{CLAUDE}|rate_limited"] == 2
-    assert pool_row(adm.census(), CLAUDE)["carryingCapacity"] > 0
+    assert pool_row(adm.ops.census(), CLAUDE)["carryingCapacity"] > 0
 
 
 def test_anthropic_async_wrapper_admits_and_holds_a_stream(server_url, provider):
@@ -452,7 +452,7 @@ def test_anthropic_async_wrapper_admits_and_holds_a_stream(server_url, provider)
             held = await arunning(adm, CLAUDE)
             final = await stream.get_final_message()
         after = await arunning(adm, CLAUDE)
-        ledger = await adm.ledger(today())
+        ledger = await adm.ops.ledger(today())
         await aclose(adm)
         return message, final, held, after, ledger
 
@@ -655,7 +655,7 @@ def test_transport_runs_each_request_as_a_round_until_its_body_is_closed(make_ad
         assert http.post("/v1/chat/completions", json=body(), headers=AUTH).status_code == 500
         srv.set_faults({529: 1.0})
         assert http.post("/v1/chat/completions", json=body(), headers=AUTH).status_code == 529
-    row = pool_row(adm.census(), GPT)
+    row = pool_row(adm.ops.census(), GPT)
     assert (row["successes"], row["failures"], row["running"]) == (2, 2, 0)
     assert totals(adm)[f"signal|{GPT}|rate_limited"] == 1          # the 529, not the 500
     with pytest.raises(BadArgument, match="no pool"):
@@ -708,9 +708,9 @@ def test_async_transport_classifies_a_non_2xx_response_without_an_exception(serv
                 await streamed.aread()
             srv.set_faults({529: 1.0})
             refused = await http.post("/v1/chat/completions", json=body(), headers=AUTH)
-        census = await adm.census()
+        census = await adm.ops.census()
         raw = await adm.redis.hgetall(f"adm:{{{adm.mesh}}}:totals")
-        ledger = await adm.ledger(today())
+        ledger = await adm.ops.ledger(today())
         await aclose(adm)
         return ok, held, refused, census, {k.decode(): int(v) for k, v in raw.items()}, ledger
 
@@ -734,7 +734,7 @@ def test_transport_ends_the_round_of_a_response_dropped_unclosed(make_adm, provi
         assert running(adm) == 1
         del response
         gc.collect()
-        row = pool_row(adm.census(), GPT)
+        row = pool_row(adm.ops.census(), GPT)
     assert row["running"] == 0 and row["successes"] + row["failures"] == 1
 
 
@@ -757,7 +757,7 @@ def test_async_transport_ends_the_round_of_a_response_dropped_unclosed(server_ur
                 if await arunning(adm) == 0:
                     break
                 await asyncio.sleep(0.02)
-            row = pool_row(await adm.census(), GPT)
+            row = pool_row(await adm.ops.census(), GPT)
         await aclose(adm)
         return held, row["running"], row["successes"], row["failures"]
 
@@ -781,7 +781,7 @@ def test_transport_as_the_sdks_http_client_admits_every_sdk_attempt(make_adm, pr
         aclient = anthropic.AsyncAnthropic(base_url=url, api_key=KEY, max_retries=0,
                                            http_client=httpx2.AsyncClient(transport=transport))
         message = await aclient.messages.create(model="claude-x", messages=ASK, max_tokens=60)
-        ledger, census = await aadm.ledger(today()), await aadm.census()
+        ledger, census = await aadm.ops.ledger(today()), await aadm.ops.census()
         await aclose(aadm)
         return message, ledger, census
 
@@ -857,7 +857,7 @@ def test_decorated_coroutine_runs_as_one_round_with_or_without_the_round_paramet
 
         results = (await priced(), await plain(1))
         counts = await adm.redis.hgetall(f"adm:{{{adm.mesh}}}:totals")
-        ledger, census = await adm.ledger(today()), await adm.census()
+        ledger, census = await adm.ops.ledger(today()), await adm.ops.census()
         await aclose(adm)
         return results, counts, ledger, census
 

@@ -228,7 +228,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.client = type(self).make_client()
         self.pods = {name: Admission(self.client, mesh=MESH, pod=name, background=False, seed=i)
                      for i, name in enumerate(PODS)}
-        self.pods[PODS[0]].apply_policy(POLICY, recovery_hold=False)
+        self.pods[PODS[0]].ops.apply_policy(POLICY, recovery_hold=False)
         self.now = T0
         self.n = 0
         self.asked: dict[str, tuple[str, str, str]] = {}  # round id -> (pod, lane, pool) of wait=True asks
@@ -383,7 +383,7 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @rule()
     def census_agrees(self):
-        doc = self.pods[PODS[1]].census(now=self.now)
+        doc = self.pods[PODS[1]].ops.census(now=self.now)
         st_ = read_state(self.client)
         for row in doc["pools"]:
             p = row["pool"]
@@ -454,7 +454,7 @@ def test_guaranteed_oracle_examples():
 def _pods(client):
     a = Admission(client, mesh=MESH, pod="pod-a", background=False, seed=1)
     b = Admission(client, mesh=MESH, pod="pod-b", background=False, seed=2)
-    a.apply_policy(POLICY, recovery_hold=False)
+    a.ops.apply_policy(POLICY, recovery_hold=False)
     return a, b
 
 

@@ -91,7 +91,7 @@ def pod_main(url: str, pod: str, seed: int, outbox: str, seconds: float, results
 def test_the_ledger_equals_the_distinct_charges_under_lost_replies_and_a_restart(tmp_path):
     engine = "redis" if "redis" in REAL else "valkey"
     with LocalServer(engine, extra_args=["--appendonly", "yes", "--appendfsync", "always"]) as srv:
-        Admission.from_url(srv.url, mesh=MESH, pod="setup", background=False).apply_policy(
+        Admission.from_url(srv.url, mesh=MESH, pod="setup", background=False).ops.apply_policy(
             _policy(), recovery_hold=False)
         ctx = mp.get_context("spawn")
         results = ctx.Queue()

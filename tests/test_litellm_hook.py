@@ -48,7 +48,7 @@ def server_policy(**tunables):
 
 async def setup(url, pol=None, **hook_kwargs):
     adm = AsyncAdmission.from_url(url, mesh="t", pod="proxy-1", seed=1)
-    await adm.apply_policy(pol or server_policy(), recovery_hold=False)
+    await adm.ops.apply_policy(pol or server_policy(), recovery_hold=False)
     hook = AdmissionHook(adm, provider="fake", **hook_kwargs)
     return adm, hook
 
@@ -94,7 +94,7 @@ def run(main, timeout=30.0):
 
 
 async def row(adm, pool=POOL):
-    return pool_row(await adm.census(), pool)
+    return pool_row(await adm.ops.census(), pool)
 
 
 KEY = UserAPIKeyAuth(api_key="sk-test")
@@ -415,13 +415,13 @@ def test_the_proxy_admits_every_call_and_reports_its_outcome(server_url, real_en
     pol["lanes"] = {"default": {"floor": 1.0, "weight": 1, "priority": 1}}
     client = redis.Redis.from_url(server_url)
     test_pod = Admission(client, mesh="lp", pod="test", background=False)
-    test_pod.apply_policy(pol, recovery_hold=False)
+    test_pod.ops.apply_policy(pol, recovery_hold=False)
 
     async def settled(successes, failures):
         """The pool's row once the proxy's releases are in (LiteLLM logs after it answers)."""
         deadline = time.monotonic() + 10
         while True:
-            r = pool_row(test_pod.census(), POOL)
+            r = pool_row(test_pod.ops.census(), POOL)
             if (r["running"], r["successes"], r["failures"]) == (0, successes, failures) \
                     or time.monotonic() > deadline:
                 return r

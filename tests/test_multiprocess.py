@@ -177,7 +177,7 @@ def test_four_pods_three_lanes_one_pool(server_url):
     client = redis.Redis.from_url(server_url)
     parent = Admission(client, mesh=mesh, pod="parent", background=False)
     # a small ceiling keeps the pool contended (waiters all along); a short clock keeps it moving
-    parent.apply_policy(_policy(seed_estimate=2, max_estimate=6, grow_interval=0.5, lease_ttl=10), recovery_hold=False)
+    parent.ops.apply_policy(_policy(seed_estimate=2, max_estimate=6, grow_interval=0.5, lease_ttl=10), recovery_hold=False)
 
     ctx = _ctx()
     results = ctx.Queue()
@@ -246,7 +246,7 @@ def test_killed_pod_is_swept(server_url):
     lease_ttl = 1.0
     client = redis.Redis.from_url(server_url)
     live = Admission(client, mesh=mesh, pod="live", background=False)
-    live.apply_policy(_policy(seed_estimate=2, max_estimate=2, grow_interval=30, lease_ttl=lease_ttl), recovery_hold=False)
+    live.ops.apply_policy(_policy(seed_estimate=2, max_estimate=2, grow_interval=30, lease_ttl=lease_ttl), recovery_hold=False)
     mine = live.try_admit(lane="alpha", model=POOL, round_id="live/a0", draw=0.0)
     assert mine.admitted
 

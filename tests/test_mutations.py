@@ -25,7 +25,7 @@ MUTATIONS = [
     ('ceilings: a waiter refused on a ceiling sleeps wait_s', 'admission/base.py', '        if d.ceiling and d.wait_s > 0:  # a rate ceiling: its bucket covers the round by then\n            return d.wait_s\n', '', 'test_rules_ceilings.py', 'names_the_ceiling'),
     ('ceilings: a round declares its call', 'admission/client.py', 'move_to=move_to, tokens=tokens,\n                                         input_tokens=input_tokens, max_tokens=max_tokens))', 'move_to=move_to, tokens=tokens))', 'test_rules_ceilings.py', 'round_declares'),
     ("ceilings: a round's end sends its usage and spent ceiling", 'admission/base.py', 'usage=usage, ceiling=ceiling, reset_s=reset_s), bad', '), bad', 'test_rules_ceilings.py', 'round_declares'),
-    ('ceilings: a replayed record keeps its usage', 'admission/base.py', 'received=record.get("received"), usage=record.get("usage"),', 'received=record.get("received"),', 'test_rules_ceilings.py', 'outbox'),
+    ('ceilings: a replayed record keeps its usage', 'admission/ledger.py', 'received=record.get("received"), usage=record.get("usage"),', 'received=record.get("received"),', 'test_rules_ceilings.py', 'outbox'),
     ('ceilings: the doctor checks a seat\'s reservation', 'doctor.lua', "if not v or v ~= v or v < 0 then problem('bad-reservation'",
      "if false then problem('bad-reservation'", 'test_rules_ceilings.py', 'doctor_checks'),
     ('ceilings: a bucket refills continuously', 'include/ceilings.lua', 'if now > from then level = level + (now - from) * rate end', '', 'test_rules_ceilings.py', 'refills_continuously'),
@@ -410,8 +410,8 @@ MUTATIONS = [
      "pausedUntil = 0,", "test_rules_pause.py", "census_shows_the_pause"),
     ("a paused waiter asks again when the pause ends", "admission/base.py",
      'if d.reason == "paused" and d.paused_for > 0:', "if False:", "test_rules_pause.py", "asks_again_when_it_ends"),
-    ("a replay pauses only for what is left", "admission/base.py",
-     'retry_after = max(0.0, record["at"] + retry_after - self._server_time()) or None', "pass", "test_rules_pause.py",
+    ("a replay pauses only for what is left", "admission/ledger.py",
+     'retry_after = max(0.0, record["at"] + retry_after - server_time) or None', "pass", "test_rules_pause.py",
      "replayed_release"),
     ("round reads the Retry-After of its error", "admission/client.py", "retry_after=retry_after_of(exc))",
      "retry_after=None)", "test_rules_pause.py", "reads_retry_after_from_the_error"),
@@ -802,7 +802,7 @@ MUTATIONS += [
      "test_async.py", "built_in_a_loop_replays"),
     ("an asyncio clock asked for before the loop starts at the first awaited call", "admission/_primitives.py",
      "            self._due = run\n", "", "test_async.py", "outside_a_loop"),
-    ("apply_policy logs (asyncio)", "admission/aio.py", "        log.info(\"policy_applied\"", "        log.debug(\"policy_applied\"",
+    ("apply_policy logs (asyncio)", "admission/_mesh_async.py", "        log.info(\"policy_applied\"", "        log.debug(\"policy_applied\"",
      "test_async.py", "logs_the_version"),
 ]
 

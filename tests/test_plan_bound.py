@@ -75,7 +75,7 @@ def admissions_that_follow(a, lane: str, wanted: int) -> int:
 
 
 def check_census_bounds(a, lanes) -> None:
-    c = a.census(now=T0)
+    c = a.ops.census(now=T0)
     for lane in lanes:
         row = lane_row(c, lane)
         if row:
@@ -189,7 +189,7 @@ def test_census_bound_uses_the_lanes_own_guaranteed_as_the_asker(redis_client):
     lanes = {"x": {"floor": 0.05, "weight": 1, "priority": 1}, "y": {"floor": 0.05, "weight": 1, "priority": 1}}
     a = adm(redis_client, pol=policy(lanes, max_estimate=MAX_EST))
     build(a, redis_client, "t", {"x": 1, "y": 0}, {"y": 1}, 4, True)
-    row = lane_row(a.census(now=T0), "x")
+    row = lane_row(a.ops.census(now=T0), "x")
     assert (row["guaranteed"], row["bound"]) == (0, 2)
     assert a.plan(lane="x", model=POOL, wanted=MAX_EST, now=T0) == 1 == admissions_that_follow(a, "x", MAX_EST)
 
@@ -202,7 +202,7 @@ def test_census_bound_of_a_lane_listed_for_its_spend_only(redis_client):
     d = a.try_admit(lane="z", model=POOL, round_id="spent", now=T0, draw=0.0)
     a.release(d.seat, outcome="clean", seconds=1, cost_usd=0.01, now=T0)
     build(a, redis_client, "t", {"z": 0, "y": 16}, {}, 20, True)
-    row = lane_row(a.census(now=T0), "z")
+    row = lane_row(a.ops.census(now=T0), "z")
     assert (row["running"], row["spentTodayUsd"], row["guaranteed"]) == (0, 0.01, 0)
     assert row["bound"] == 4 == a.plan(lane="z", model=POOL, wanted=MAX_EST, now=T0)
     assert admissions_that_follow(a, "z", MAX_EST) == 4
@@ -225,7 +225,7 @@ def test_fair_share_tie_one_float_past_the_least_higher_lane(redis_client):
     a = adm(redis_client, pol=policy(lanes, max_estimate=MAX_EST))
     waiting = {"e": 1, "h0": 1, "h1": 1, "h2": 1}
     build(a, redis_client, "t", {"x": 2, "e": 2, "h0": 2, "h1": 2, "h2": 2}, waiting, 100, True)
-    assert lane_row(a.census(now=T0), "x")["bound"] == 2
+    assert lane_row(a.ops.census(now=T0), "x")["bound"] == 2
     assert a.plan(lane="x", model=POOL, wanted=MAX_EST, now=T0) == 0
     assert a.try_admit(lane="x", model=POOL, round_id="x-new", now=T0, draw=0.0).reason == "fair-share"
 
@@ -255,7 +255,7 @@ def test_census_and_plan_bound_figures_at_a_large_estimate(redis_client):
     lanes = {"lo": {"floor": 0, "weight": 1, "priority": 1}, "all": {"floor": 1, "weight": 1, "priority": 2}}
     a = adm(redis_client, pol=policy(lanes, max_estimate=100_000))
     build(a, redis_client, "t", {"lo": 1, "all": 0}, {}, BIG, True)
-    assert lane_row(a.census(now=T0), "lo")["bound"] == 42_501
+    assert lane_row(a.ops.census(now=T0), "lo")["bound"] == 42_501
     assert a.plan(lane="lo", model=POOL, wanted=100_000, now=T0) == 42_500
     assert a.plan(lane="all", model=POOL, wanted=100_000, now=T0) == 49_999
     assert a.plan(lane="all", model=POOL, wanted=7, now=T0) == 7
@@ -264,7 +264,7 @@ def test_census_and_plan_bound_figures_at_a_large_estimate(redis_client):
 def test_census_tick_and_plan_are_flat_in_the_estimate(redis_client, engine):
     a = adm(redis_client, pol=policy(FLAT_LANES, max_estimate=100_000))
     build(a, redis_client, "t", {l: 2 for l in FLAT_LANES}, {"l3": 1, "l6": 1}, BIG, True)
-    c, census_usec = server_usec(redis_client, engine, lambda: a.census(now=T0))
+    c, census_usec = server_usec(redis_client, engine, lambda: a.ops.census(now=T0))
     plans = {}
     plan_usec = 0.0
     for lane in FLAT_LANES:

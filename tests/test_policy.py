@@ -47,14 +47,14 @@ def test_retired_max_concurrent_agents_warns_why():
 def test_apply_bumps_the_version_and_is_compare_and_set(redis_client):
     a = adm(redis_client)
     assert a.policy()["version"] == 1
-    assert a.apply_policy(policy(), expected_version=1) == 2
+    assert a.ops.apply_policy(policy(), expected_version=1) == 2
     with pytest.raises(StaleVersion):
-        a.apply_policy(policy(), expected_version=1)
+        a.ops.apply_policy(policy(), expected_version=1)
 
 
 def test_apply_from_a_file(redis_client):
     a = adm(redis_client, apply=False)
-    assert a.apply_policy(str(EXAMPLE)) == 1
+    assert a.ops.apply_policy(str(EXAMPLE)) == 1
     assert len(a.policy()["lanes"]) == 7
 
 
@@ -64,7 +64,7 @@ def test_running_clients_pick_up_a_new_version_without_restart(redis_client):
     r = Rounds(a)
     r.fill("x", 2)
     assert not r.ask("x").admitted                 # seed 2: full
-    a.apply_policy(policy({"x": {"floor": 0, "weight": 1, "priority": 1},
+    a.ops.apply_policy(policy({"x": {"floor": 0, "weight": 1, "priority": 1},
                            "new": {"floor": 0.5, "weight": 1, "priority": 2}}))
     d = other_pod.try_admit(lane="new", model=POOL, round_id="n1", now=T0, draw=0.0)
     assert d.admitted and d.config_version == 2   # the new lane is known at once, floor overdraft
@@ -73,8 +73,8 @@ def test_running_clients_pick_up_a_new_version_without_restart(redis_client):
 
 def test_removed_pools_leave_the_catalog(redis_client):
     a = adm(redis_client, pol=policy(pools=("m@p", "n@p")))
-    a.apply_policy(policy(pools=("m@p",)))
-    assert [p["pool"] for p in a.census(now=T0)["pools"]] == ["m@p"]
+    a.ops.apply_policy(policy(pools=("m@p",)))
+    assert [p["pool"] for p in a.ops.census(now=T0)["pools"]] == ["m@p"]
 
 
 @pytest.mark.parametrize("key", policy_mod.PRICE_KEYS)
@@ -91,11 +91,11 @@ def test_pool_prices_are_kept_and_a_bad_one_changes_nothing_in_redis(redis_clien
     a = adm(redis_client)
     good = policy()
     good["pools"][POOL] = {"price_input": 2.5, "price_output": 10, "price_cached_input": 0.25}
-    a.apply_policy(good, recovery_hold=False)
+    a.ops.apply_policy(good, recovery_hold=False)
     assert next(p for p in a.policy()["pools"] if p["name"] == POOL)["price_output"] == 10
     before = snapshot(redis_client)
     bad = policy()
     bad["pools"][POOL] = {"price_input": -1}
     with pytest.raises(PolicyError, match="price_input"):
-        a.apply_policy(bad, recovery_hold=False)
+        a.ops.apply_policy(bad, recovery_hold=False)
     assert snapshot(redis_client) == before

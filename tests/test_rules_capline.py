@@ -106,7 +106,7 @@ def test_cap_line_ceiling_holds_the_pool_under_the_line_of_its_running_rounds(re
     assert all(d.admitted for d in seats)
     over = a.try_admit(lane="a", model=POOL, round_id="over", now=t, draw=0.0)
     assert not over.admitted and over.reason == "cap-line"  # within its floor, still kept out
-    census = a.census(now=t)
+    census = a.ops.census(now=t)
     assert census["pools"][0]["capLine"] == pytest.approx(line, rel=1e-6)
     assert f"cap line at {line:.1f} rounds" in render_census(census)  # what an operator reads
 
@@ -213,7 +213,7 @@ def test_cap_line_round_declares_its_size_sync_and_async(redis_client, async_cli
 
     async def main():
         b = AsyncAdmission(async_client_factory(), mesh="u", pod="q", background=False)
-        await b.apply_policy(policy(lanes(), seed_estimate=10), recovery_hold=False)
+        await b.ops.apply_policy(policy(lanes(), seed_estimate=10), recovery_hold=False)
         akey = "adm:{u}:sized:" + POOL
         async with b.round(lane="a", model=POOL, round_id="s", timeout=5, tokens=4321):
             assert await b.redis.zscore(akey, "s") == 4321
@@ -404,7 +404,7 @@ def test_cap_line_round_reports_progress_sync_and_async(redis_client, async_clie
 
     async def main():
         b = AsyncAdmission(async_client_factory(), mesh="u", pod="q", background=False)
-        await b.apply_policy(policy(lanes(), seed_estimate=10), recovery_hold=False)
+        await b.ops.apply_policy(policy(lanes(), seed_estimate=10), recovery_hold=False)
         async with b.round(lane="a", model=POOL, round_id="s", timeout=5, tokens=4321) as r:
             assert (await r.progress(200)).points == 1
             assert await b.redis.hget("adm:{u}:seat:s", "pTok") == b"200"
@@ -482,7 +482,7 @@ def test_cap_line_round_sends_what_it_received_sync_and_async(redis_client, asyn
 
     async def main():
         b = AsyncAdmission(async_client_factory(), mesh="u", pod="q", background=False)
-        await b.apply_policy(policy(lanes(), seed_estimate=10), recovery_hold=False)
+        await b.ops.apply_policy(policy(lanes(), seed_estimate=10), recovery_hold=False)
 
         async def fit_n():
             return float(await b.redis.hget("adm:{u}:pool:" + POOL, "fitN") or 0)

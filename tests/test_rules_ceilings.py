@@ -241,7 +241,7 @@ def test_bad_ceilings_in_a_policy_are_all_reported_and_change_nothing(redis_clie
         assert word in text, (word, found)
     before = snapshot(redis_client)
     with pytest.raises(PolicyError):
-        a.apply_policy(bad)
+        a.ops.apply_policy(bad)
     assert snapshot(redis_client) == before
     # past the client's check, the script refuses it too, before its first write
     good = policy_mod.validate(ceil_policy({"rpm": 60}))
@@ -323,7 +323,7 @@ def test_the_asyncio_client_declares_reconciles_and_reports_a_ceiling(async_clie
             return float(await client.hget("adm:{t}:ceil:key", limit))
 
         a = AsyncAdmission(client, mesh="t", pod="pod-a", background=False)
-        await a.apply_policy(ceil_policy({"tpd": 10000, "tpm": 60000}), recovery_hold=False)
+        await a.ops.apply_policy(ceil_policy({"tpd": 10000, "tpm": 60000}), recovery_hold=False)
         d = await a.try_admit(lane="a", model=P, round_id="x1", now=T0, draw=0.0, alternatives=[],
                               input_tokens=1000, max_tokens=1000)
         assert d.admitted and await level_of("tpd") == 8000

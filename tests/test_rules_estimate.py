@@ -29,7 +29,7 @@ def measured(client, n: int, **tunables):
 
 def test_seed_estimate_of_a_pool_never_measured(redis_client):
     a = adm(redis_client, pol=policy(seed_estimate=3))
-    row = a.census(now=T0)["pools"][0]
+    row = a.ops.census(now=T0)["pools"][0]
     assert row["capacity"] == 3 and row["slots"] == 3 and row["slowStart"] and not row["exhausted"]
 
 
@@ -37,7 +37,7 @@ def test_growth_needs_demand_idle_pool_keeps_its_estimate(redis_client):
     a = adm(redis_client)
     a.tick(now=T0)
     a.tick(now=T0 + 100)
-    assert a.census(now=T0 + 100)["pools"][0]["capacity"] == 2  # idle: unchanged
+    assert a.ops.census(now=T0 + 100)["pools"][0]["capacity"] == 2  # idle: unchanged
     r = Rounds(a, T0 + 100)
     r.fill("a", 2)                       # running >= slots: demand
     assert a.tick(now=T0 + 200).grew == {POOL: 4.0}
@@ -150,7 +150,7 @@ def test_growth_waits_for_its_evidence_a_round_counts_at_most_round_cap(redis_cl
     client's bad clock) counts round_cap, so one such release cannot hold growth off for years."""
     a, r, seats = measured(redis_client, 10)
     a.release(seats[0], outcome="clean", seconds=1.8e9, now=T0 + 2)   # counted 1,800 s (round_cap)
-    assert pool_row(a.census(now=T0 + 2))["meanSeconds"] == 1800
+    assert pool_row(a.ops.census(now=T0 + 2))["meanSeconds"] == 1800
     r.now = T0 + 3
     r.ask("a", wait=True, round_id="w1")
     assert a.tick(now=T0 + 1 + 899).grew == {}     # half the mean round time: 900 s
@@ -320,7 +320,7 @@ def test_signals_mean_seconds_and_mean_cost_are_ewma(redis_client):
     for secs, cost in ((10, 0.10), (20, 0.20)):
         d = a.try_admit(lane="a", model=POOL, round_id=f"x{secs}", now=T0, draw=0.0)
         a.release(d.seat, outcome="clean", seconds=secs, cost_usd=cost, now=T0)
-    row = a.census(now=T0)["pools"][0]
+    row = a.ops.census(now=T0)["pools"][0]
     assert row["meanSeconds"] == pytest.approx(10 + 0.1 * (20 - 10))
     assert row["meanCostUsd"] == pytest.approx(0.10 + 0.1 * (0.20 - 0.10))
 
@@ -328,10 +328,10 @@ def test_signals_mean_seconds_and_mean_cost_are_ewma(redis_client):
 def test_the_census_shows_a_probe_in_progress_and_its_back_off(redis_client):
     a, r, held = measured(redis_client, 4, probe_after=3, growth_rate=2)
     _, now = steps_at_capacity(a, r, held, T0 + 10, 5)                   # probing K = 5 from 4
-    row = pool_row(a.census(now=now))
+    row = pool_row(a.ops.census(now=now))
     assert row["probingFrom"] == 4 and row["carryingCapacity"] == 5 and row["probeBackoff"] == 1
     a.release(held.pop(), outcome="rate_limited", seconds=1, now=now)   # refused: back to 4, back-off
-    doc = a.census(now=now + 1)
+    doc = a.ops.census(now=now + 1)
     row = pool_row(doc)
     assert row["probingFrom"] == 0 and row["probeBackoff"] == 2
     assert "probes back off x2" in render_census(doc)

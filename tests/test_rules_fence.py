@@ -62,7 +62,7 @@ def test_fence_borrowed_depth_does_not_spend_primary(redis_client):
     d = borrow(a)
     assert not d.admitted and d.reason == "shed_borrowed_depth" and d.shed and d.pool == Q and d.borrowed_for == P
     assert primary_keys(redis_client) == before
-    assert a.census(now=T0)["pools"][0]["plane"]["retriesLeft"] == 3
+    assert a.ops.census(now=T0)["pools"][0]["plane"]["retriesLeft"] == 3
 
 
 def test_fence_stale_borrowed_health_is_not_capacity(redis_client):
@@ -94,7 +94,7 @@ def test_fence_a_fresh_borrow_retries_inside_its_own_budget(redis_client):
     assert r and (r.decision, r.retries_left, r.retries, r.plane) == ("retry_same_plane", 0.0, 1, Q)
     assert a.retry(d.seat, now=T0).decision == "compensate_or_shed"             # none left on Q
     assert "retries" not in plane(redis_client, P)                               # P's 2 untouched
-    assert a.census(now=T0)["pools"][0]["plane"]["retriesLeft"] == 2
+    assert a.ops.census(now=T0)["pools"][0]["plane"]["retriesLeft"] == 2
 
 
 # -- the order and the rest of the fence ----------------------------------------------------------------
@@ -277,11 +277,11 @@ def test_absence_sheds_a_borrow():
 def test_health_a_sample_is_a_lease_that_ages_out(redis_client):
     a = adm(redis_client, pol=fence_policy(borrowed={"health_required": True, "health_max_age": 10}))
     assert a.report_health(Q, depth=3, running=5, ok=True, at=T0, now=T0) == T0 + 10
-    view = a.census(now=T0 + 4)["pools"][1]["plane"]
+    view = a.ops.census(now=T0 + 4)["pools"][1]["plane"]
     assert (view["healthFresh"], view["healthAgeSeconds"], view["depth"], view["healthOk"]) == (True, 4, 3, True)
     assert borrow(a, "I1", now=T0 + 10).admitted
     assert borrow(a, "I2", now=T0 + 11).reason == "reject_stale_borrowed_health"
-    doc = a.census(now=T0 + 11)
+    doc = a.ops.census(now=T0 + 11)
     assert doc["pools"][1]["plane"]["healthFresh"] is False
     assert "plane: depth 0, health 11s old (STALE, max 10s)" in render_census(doc)   # a stale depth is not read
 
@@ -324,7 +324,7 @@ def test_health_a_pods_clock_runs_the_policys_samplers(real_engine, server_pool)
                                  "health_url": f"http://127.0.0.1:{httpd.server_address[1]}/metrics"})
     pol.pop("clock")
     setup = Admission(client, mesh="t", pod="setup", background=False)
-    setup.apply_policy(pol, recovery_hold=False)
+    setup.ops.apply_policy(pol, recovery_hold=False)
     assert setup.try_admit(lane="a", model=P, round_id="I0", borrow=Q, draw=0.0).reason == "reject_stale_borrowed_health"
     pod = Admission(redis.Redis.from_url(url), mesh="t", pod="sampler", health=True)
     try:

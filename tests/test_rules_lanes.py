@@ -54,7 +54,7 @@ def test_floors_by_largest_remainder_ties_to_priority(redis_client):
     r = Rounds(a)
     for lane in THREE:
         r.fill(lane, 1)
-    c = a.census(now=T0)
+    c = a.ops.census(now=T0)
     assert [lane_row(c, l)["guaranteed"] for l in ("hi", "mid", "lo")] == [3, 2, 2]
 
 
@@ -66,7 +66,7 @@ def test_floors_by_largest_remainder_ties_to_priority_up_to_float_noise(redis_cl
     r = Rounds(a)
     r.fill("lo", 1)
     r.fill("hi", 2)
-    c = a.census(now=T0)
+    c = a.ops.census(now=T0)
     assert (lane_row(c, "hi")["guaranteed"], lane_row(c, "lo")["guaranteed"]) == (3, 0)
     d = r.ask("hi", draw=0.999999)                   # its third guaranteed slot: the draw does not matter
     assert d.admitted and d.reason == "within-floor"
@@ -78,7 +78,7 @@ def test_floors_largest_remainder_goes_to_the_largest_remainder(redis_client):
     r = Rounds(a)
     r.fill("x", 1)
     r.fill("y", 1)
-    c = a.census(now=T0)   # q: x 1.7, y 2.3 -> 1 + 2 = 3; floor(4.0) - 3 = 1 extra to x (0.7 > 0.3)
+    c = a.ops.census(now=T0)   # q: x 1.7, y 2.3 -> 1 + 2 = 3; floor(4.0) - 3 = 1 extra to x (0.7 > 0.3)
     assert (lane_row(c, "x")["guaranteed"], lane_row(c, "y")["guaranteed"]) == (2, 2)
 
 
@@ -86,7 +86,7 @@ def test_floors_only_for_lanes_that_have_work(redis_client):
     a = adm(redis_client, pol=policy(THREE, seed_estimate=10))
     r = Rounds(a)
     r.fill("hi", 1)
-    c = a.census(now=T0)
+    c = a.ops.census(now=T0)
     assert lane_row(c, "hi")["guaranteed"] == 2     # q = 2.5 -> 2; floor(Σq) - Σfloor(q) = 0
     assert lane_row(c, "mid") == {}                  # no work: not listed, no slots
 
@@ -99,7 +99,7 @@ def test_floors_a_waiting_lane_with_a_nonzero_floor_gets_at_least_one(redis_clie
     r.fill("big", 2)
     d = r.ask("small", wait=True)                    # q = 0.1 -> 0, but waiting with a floor: 1
     assert not d.admitted
-    c = a.census(now=T0)
+    c = a.ops.census(now=T0)
     assert lane_row(c, "small")["guaranteed"] == 1
 
 
@@ -113,7 +113,7 @@ def measured_ten(redis_client, lanes=None):
     a.release(seats[0], outcome="stall", seconds=1, now=T0)
     for s in seats[1:]:
         a.release(s, outcome="clean", seconds=1, now=T0)
-    assert pool_row(a.census(now=T0))["slots"] == 10
+    assert pool_row(a.ops.census(now=T0))["slots"] == 10
     return a, r
 
 
@@ -132,7 +132,7 @@ def test_reclaim_at_round_boundaries_borrowers_yield_and_are_listed(redis_client
     a, r = measured_ten(redis_client)
     b_seats = r.fill("b", 10)
     r.ask("a", round_id="a-1", wait=True)
-    row = pool_row(a.census(now=T0))
+    row = pool_row(a.ops.census(now=T0))
     assert row["mustYield"] == [{"lane": "b", "borrowed": 7}] and row["owed"] == 5
     # b's next round boundary: its round ends and asks again -- refused while a is owed
     a.release(b_seats.pop(), outcome="clean", seconds=1, now=T0)
@@ -246,7 +246,7 @@ def test_idle_lanes_lend_everything_a_single_lane_fills_the_pool(redis_client):
     a = adm(redis_client, pol=policy(seed_estimate=10))
     r = Rounds(a)
     r.fill("b", 10)                                  # b's floor is 0.3; a is idle and lends
-    row = pool_row(a.census(now=T0))
+    row = pool_row(a.ops.census(now=T0))
     assert row["running"] == 10 and row["free"] == 0
 
 
@@ -277,8 +277,8 @@ def test_starvation_a_lane_below_floor_waiting_past_starved_after(redis_client):
     a, r = measured_ten(redis_client)
     r.fill("b", 10)
     r.ask("a", round_id="a-1", wait=True)
-    assert a.census(now=T0 + 899)["starving"] == []
-    starving = a.census(now=T0 + 901)["starving"]
+    assert a.ops.census(now=T0 + 899)["starving"] == []
+    starving = a.ops.census(now=T0 + 901)["starving"]
     assert starving == [{"kind": "below-floor", "lane": "a", "pool": POOL, "waitingSince": T0}]
 
 

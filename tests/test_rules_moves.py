@@ -110,7 +110,7 @@ def test_a_raw_async_round_stays_on_the_pool_asked_for(async_client_factory):
         from admission import AsyncAdmission
         client = async_client_factory()
         a = AsyncAdmission(client, mesh="t", pod="pod-a", background=False, seed=1)
-        await a.apply_policy(moves_policy(alternatives={A: [B]}), recovery_hold=False)
+        await a.ops.apply_policy(moves_policy(alternatives={A: [B]}), recovery_hold=False)
         ask = functools.partial(a.try_admit, lane="a", model=A, now=T0, draw=0.0)
         for i in range(2):
             assert (await ask(lane="b", round_id=f"fill{i}")).pool == A
@@ -171,7 +171,7 @@ def test_fallback_every_check_applies_on_each_candidate(redis_client):
     a = adm(redis_client, pol=moves_policy(alternatives={A: [B, C]}))
     ask = Ask(a)
     ask.fill(A)
-    a.close_provider("pb", why="test", now=T0)
+    a.ops.close_provider("pb", why="test", now=T0)
     ask.fill(C)
     waiter = ask(lane="a", pool=C, rid="older", wait=True, alternatives=[])
     assert not waiter.admitted
@@ -243,11 +243,11 @@ def test_census_counts_moved_rounds_per_pool(redis_client):
     ask.fill(A)
     d1, d2 = ask(alternatives=[B, C]), ask(alternatives=[B, C])
     assert (d1.pool, d2.pool) == (B, B)
-    c = a.census(now=T0)
+    c = a.ops.census(now=T0)
     assert (row(c, B)["moved"], row(c, B)["movedIn"], row(c, A)["movedOut"]) == (2, 2, 2)
     assert row(c, A)["alternatives"] == [B, C]
     a.release(d1.seat, now=T0)
-    c = a.census(now=T0)
+    c = a.ops.census(now=T0)
     assert (row(c, B)["moved"], row(c, B)["movedIn"]) == (1, 2)
 
 
@@ -276,7 +276,7 @@ def test_thompson_bandit_the_better_alternative_takes_over_80_percent_after_200_
     """Two alternatives, one failing half its rounds: after 200 rounds the better one has taken
     more than 80 % (the client's draws read the counts each release returns)."""
     a = adm(redis_client, pol=moves_policy(alternatives={A: [B, C]}))
-    a.close_provider("pa", why="test", now=T0)
+    a.ops.close_provider("pa", why="test", now=T0)
     luck, taken = random.Random(5), {B: 0, C: 0}
     for i in range(200):
         now = T0 + i * 0.01                                 # inside probe_every: A's probe never comes
@@ -297,7 +297,7 @@ def test_pin_a_pinned_lane_waits_for_its_model(redis_client):
     d = ask(lane="a", rid="pinned", wait=True, alternatives=[B, C])
     assert not d.admitted and d.pool == A
     assert ask(lane="b", alternatives=[B, C]).pool == B   # an unpinned lane still moves
-    hp = row(a.census(now=T0), A)["hardPinned"]
+    hp = row(a.ops.census(now=T0), A)["hardPinned"]
     assert hp == {"to": A, "waiting": 1, "oldestWaitingSince": T0, "waitingSince": T0}
 
 
@@ -314,13 +314,13 @@ def test_pin_starving_a_pinned_round_waiting_past_starved_after(redis_client):
     ask = Ask(a)
     ask.fill(A)
     ask(lane="a", rid="pinned", wait=True)
-    assert a.census(now=T0 + 30)["starving"] == []
-    doc = a.census(now=T0 + 61)
+    assert a.ops.census(now=T0 + 30)["starving"] == []
+    doc = a.ops.census(now=T0 + 61)
     assert doc["starving"] == [{"kind": "pinned", "pool": A, "waiting": 1, "waitingSince": T0}]
     text = render_census(doc)
     assert f"hard-pinned to {A}: 1 waiting, oldest 61s" in text and f"STARVING pinned: 1 hard-pinned" in text
     a._exec(a.core.withdraw("pinned"))                  # the pinned waiter gives up
-    c = a.census(now=T0 + 62)
+    c = a.ops.census(now=T0 + 62)
     assert c["starving"] == [] and row(c, A)["hardPinned"] is None
 
 
@@ -336,7 +336,7 @@ def test_delegated_round_is_admitted_at_once_on_its_parents_lane_and_counted(red
         d = ask(lane="b", pool=A, rid=f"parent/{i}", parent="parent")
         assert d.admitted and d.reason == "delegated" and d.lane == "a", d
     assert seat(redis_client, "parent/0")["delegated"] == "parent"
-    lane_a = next(l for l in row(a.census(now=T0), A)["lanes"] if l["lane"] == "a")
+    lane_a = next(l for l in row(a.ops.census(now=T0), A)["lanes"] if l["lane"] == "a")
     assert (lane_a["running"], lane_a["delegated"]) == (4, 3)
 
 
@@ -375,7 +375,7 @@ def test_delegated_closure_moves_a_delegated_round(redis_client):
     a = adm(redis_client, pol=moves_policy(alternatives={A: [B]}))
     ask = Ask(a)
     ask(lane="a", pool=C, rid="parent")
-    a.close_provider("pa", why="test", now=T0)
+    a.ops.close_provider("pa", why="test", now=T0)
     d = ask(lane="b", pool=A, rid="child", parent="parent", alternatives=[B])
     assert d.admitted and d.reason == "delegated" and d.pool == B and d.lane == "a"
 
@@ -384,7 +384,7 @@ def test_delegated_closure_refuses_a_pinned_delegated_round(redis_client):
     a = adm(redis_client, pol=moves_policy(alternatives={A: [B]}, pins={"lanes": ["a"]}))
     ask = Ask(a)
     ask(lane="a", pool=C, rid="parent")
-    a.close_provider("pa", why="test", now=T0)
+    a.ops.close_provider("pa", why="test", now=T0)
     d = ask(lane="a", pool=A, rid="child", parent="parent", alternatives=[B])
     assert not d.admitted and d.reason == "provider-closed"
 
@@ -406,7 +406,7 @@ def test_delegated_a_nested_async_round_passes_its_parent_by_itself(async_client
         from admission import AsyncAdmission
         client = async_client_factory()
         a = AsyncAdmission(client, mesh="t", pod="pod-a", background=False, seed=1)
-        await a.apply_policy(moves_policy(alternatives={}, seed_estimate=1), recovery_hold=False)
+        await a.ops.apply_policy(moves_policy(alternatives={}, seed_estimate=1), recovery_hold=False)
         async with a.round(lane="a", model=A, round_id="outer", timeout=1):
             async def child(i):
                 async with a.round(lane="b", model=A, round_id=f"outer/{i}", timeout=0.5) as sub:
@@ -437,7 +437,7 @@ def test_plan_honours_closures_alternatives_and_pins(redis_client):
     a = adm(redis_client, pol=moves_policy(alternatives={A: [B]}, pins={"agents": ["bot"]}))
     plan_pools = functools.partial(a.plan_pools, move_to=anywhere)
     assert plan_pools(lane="a", pools=[A], wanted=3, now=T0) == {A: 2, B: 1}      # 2 here, the rest moves
-    a.close_provider("pa", why="test", now=T0)
+    a.ops.close_provider("pa", why="test", now=T0)
     assert plan_pools(lane="a", pools=[A], wanted=3, now=T0) == {A: 0, B: 2}      # closed: all move
     assert a.plan(lane="a", model=A, wanted=3, now=T0, agent="bot", move_to=anywhere) == 0   # pinned: waits
     assert plan_pools(lane="a", pools=[A, B], wanted=3, now=T0) == {A: 0, B: 2}   # each pool once
@@ -460,7 +460,7 @@ def test_plan_of_an_async_caller_counts_only_the_pools_it_can_call(async_client_
         from admission import AsyncAdmission
         client = async_client_factory()
         a = AsyncAdmission(client, mesh="t", pod="pod-a", background=False, seed=1)
-        await a.apply_policy(moves_policy(alternatives={A: [B, C]}), recovery_hold=False)
+        await a.ops.apply_policy(moves_policy(alternatives={A: [B, C]}), recovery_hold=False)
         assert await a.plan_pools(lane="a", pools=[A], wanted=3, now=T0) == {A: 2}
         assert await a.plan_pools(lane="a", pools=[A], wanted=3, now=T0, move_to=lambda p: p == C) == {A: 2, C: 1}
         assert await a.plan(lane="a", model=A, wanted=9, now=T0, move_to=anywhere) == 6   # A, B, C
@@ -478,7 +478,7 @@ def test_policy_bad_moves_are_refused_with_a_clear_error_and_change_nothing(redi
         pol = moves_policy()
         pol.update(bad)
         with pytest.raises(Exception, match=msg):
-            a.apply_policy(pol)
+            a.ops.apply_policy(pol)
     assert snapshot(redis_client) == before
 
 
@@ -507,7 +507,7 @@ def test_waiter_a_release_on_an_alternative_wakes_the_waiter_of_its_pool(real_en
     pol = moves_policy(alternatives={A: [B]}, grow_interval=60, high_free=0.01, max_estimate=2)
     pol.pop("clock")
     holder = Admission(client, mesh="t", pod="holder", background=False)
-    holder.apply_policy(pol, recovery_hold=False)
+    holder.ops.apply_policy(pol, recovery_hold=False)
     held = {p: [holder.try_admit(lane="b", model=p, round_id=f"h-{p}-{i}", draw=0.0, alternatives=[]).seat
                 for i in range(2)] for p in (A, B)}
     pod = Admission(redis.Redis.from_url(url), mesh="t", pod="waiter")
@@ -536,22 +536,22 @@ def test_pin_starving_through_refused_probes_and_new_tickets(redis_client):
     waits with a new ticket. The pinned wait goes on from the first ticket, not the newest; a
     round of it served normally ends it."""
     a = adm(redis_client, pol=moves_policy(alternatives={}, pins={"lanes": ["a"]}, starved_after=60))
-    a.close_provider("pa", why="key_daily_limit", now=T0)
+    a.ops.close_provider("pa", why="key_daily_limit", now=T0)
     assert not a.try_admit(lane="a", model=A, round_id="p1", now=T0, draw=0.0, wait=True).admitted
     probe = a.try_admit(lane="a", model=A, round_id="p1", now=T0 + 50, draw=0.0, wait=True)
     assert probe.admitted and probe.reason == "probe"
     a.release(probe.seat, outcome="key_daily_limit", seconds=1, now=T0 + 51)     # refused again
     assert not a.try_admit(lane="a", model=A, round_id="p2", now=T0 + 52, draw=0.0, wait=True).admitted
-    doc = a.census(now=T0 + 70)
+    doc = a.ops.census(now=T0 + 70)
     assert doc["starving"][0]["kind"] == "provider-closed"        # closed providers first
     assert doc["starving"][1:] == [{"kind": "pinned", "pool": A, "waiting": 1, "waitingSince": T0}]
-    a.reopen_provider("pa", why="test", now=T0 + 80)
+    a.ops.reopen_provider("pa", why="test", now=T0 + 80)
     assert a.try_admit(lane="a", model=A, round_id="p2", now=T0 + 81, draw=0.0, wait=True).admitted
-    c = a.census(now=T0 + 81)
+    c = a.ops.census(now=T0 + 81)
     assert c["starving"] == [] and row(c, A)["hardPinned"] is None
     assert a.try_admit(lane="a", model=A, round_id="p3", now=T0 + 82, draw=0.0).admitted    # A is full now
     assert not a.try_admit(lane="a", model=A, round_id="p4", now=T0 + 83, draw=0.0, wait=True).admitted
-    c = a.census(now=T0 + 130)                                     # a new pinned wait, 47 s old
+    c = a.ops.census(now=T0 + 130)                                     # a new pinned wait, 47 s old
     assert c["starving"] == [] and row(c, A)["hardPinned"]["waitingSince"] == T0 + 83
 
 

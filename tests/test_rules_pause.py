@@ -149,11 +149,11 @@ def test_the_census_shows_the_pause_and_counts_it(redis_client):
     a = adm(redis_client, pol=pause_policy())
     ask = Ask(a)
     limited(a, ask, retry_after=12)
-    census = a.census(now=T0 + 2)
+    census = a.ops.census(now=T0 + 2)
     row = next(p for p in census["pools"] if p["pool"] == P)
     assert row["pausedUntil"] == T0 + 12
     assert "PAUSED 10s" in render_census(census)
-    assert next(p for p in a.census(now=T0 + 12)["pools"] if p["pool"] == P)["pausedUntil"] == 0
+    assert next(p for p in a.ops.census(now=T0 + 12)["pools"] if p["pool"] == P)["pausedUntil"] == 0
     assert totals(redis_client)["paused|" + P] == 1
     events = [{k.decode(): v.decode() for k, v in f.items()} for _, f in redis_client.xrange("adm:{t}:events")]
     paused = [e for e in events if e["kind"] == "paused"]

@@ -144,15 +144,15 @@ def test_a_closing_signal_reported_mid_round_closes_the_provider(redis_client):
 
 def test_an_operator_closes_and_reopens_a_provider_audited(redis_client):
     a = adm(redis_client, pol=day_policy())
-    until = a.close_provider("p", why="maintenance", seconds=600, now=T0)
+    until = a.ops.close_provider("p", why="maintenance", seconds=600, now=T0)
     assert until == T0 + 600 and ask(a, pool=P2, now=T0 + 1).reason == "provider-closed"
-    assert a.close_provider("p", why="maintenance", now=T0) == MIDNIGHT
-    a.reopen_provider("p", why="done", now=T0 + 2)
+    assert a.ops.close_provider("p", why="maintenance", now=T0) == MIDNIGHT
+    a.ops.reopen_provider("p", why="done", now=T0 + 2)
     assert ask(a, pool=P2, now=T0 + 3).admitted
     kinds = [f[b"kind"] for _, f in redis_client.xrange("adm:{t}:events")]
     assert b"closed" in kinds and b"reopened" in kinds
     with pytest.raises(UnknownProvider):
-        a.close_provider("nope", why="x", now=T0)
+        a.ops.close_provider("nope", why="x", now=T0)
 
 
 # -- the budget -----------------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def test_committed_spend_counts_the_rounds_in_flight_at_their_mean_cost(redis_cl
     assert ask(a, "triage", now=T0 + 2).reason == "budget-reserve"        # 30 %
     running.append(ask(a, "bugfix", now=T0 + 2))                           # 20 %: just
     assert running[-1].admitted
-    doc = a.census(now=T0 + 2)
+    doc = a.ops.census(now=T0 + 2)
     assert next(p for p in doc["pools"] if p["pool"] == P2)["committedUsd"] == pytest.approx(80.0)
     assert ask(a, "express", now=T0 + 3).reason == "budget-spent"         # 20 + 4 x 20: the limit
     for d in running:
@@ -210,18 +210,18 @@ def test_without_a_limit_today_no_budget_rule_applies(redis_client):
 def test_a_budget_reading_takes_the_smaller_limit_and_the_larger_spent_of_its_day(redis_client):
     a = adm(redis_client, pol=day_policy(limit=1000))
     spend(a, 10)
-    a.report_budget(reading(limit_usd=100.0, spent_usd=75.0, at=T0), now=T0)
+    a.ops.report_budget(reading(limit_usd=100.0, spent_usd=75.0, at=T0), now=T0)
     assert ask(a, "triage", now=T0 + 1).reason == "budget-reserve"      # 100 - 75 = 25 % left
     assert ask(a, "bugfix", now=T0 + 1).admitted
     # yesterday's reading stops nobody
-    a.report_budget(reading(limit_usd=1.0, spent_usd=1.0, at=T0 - 86400), now=T0)
+    a.ops.report_budget(reading(limit_usd=1.0, spent_usd=1.0, at=T0 - 86400), now=T0)
     assert ask(a, "triage", now=T0 + 2).admitted
     assert float(provider(redis_client).get("closedUntil", 0)) == 0
 
 
 def test_a_reading_whose_spent_reached_its_limit_closes_the_provider(redis_client):
     a = adm(redis_client, pol=day_policy())
-    out = a.report_budget(reading(limit_usd=50.0, spent_usd=50.0, at=T0), now=T0)
+    out = a.ops.report_budget(reading(limit_usd=50.0, spent_usd=50.0, at=T0), now=T0)
     assert out["closed_until"] == MIDNIGHT and provider(redis_client)["why"] == "budget_reached"
 
 
@@ -252,7 +252,7 @@ def test_a_charge_counts_once_per_key_also_after_its_seat_is_gone(redis_client):
     a.tick(now=T0 + 31)                                                              # the lease lapsed
     assert not a.charge(d.seat, cost_usd=1.25, key="step-1", now=T0 + 32).booked
     assert a.charge(d.seat, cost_usd=0.25, key="step-3", now=T0 + 32).booked       # still booked
-    assert a.ledger(DAY) == {"bugfix": {"p": 2.0}, "*": {"p": 2.0}}
+    assert a.ops.ledger(DAY) == {"bugfix": {"p": 2.0}, "*": {"p": 2.0}}
 
 
 def test_a_release_cost_counts_once_whatever_is_replayed_after_it(redis_client):
@@ -263,15 +263,15 @@ def test_a_release_cost_counts_once_whatever_is_replayed_after_it(redis_client):
     assert not a.charge(d.seat, cost_usd=0.75, key="release", now=T0).booked       # the outbox's fallback
     redis_client.delete(f"adm:{{t}}:gone:{d.round_id}")                             # the tombstone's day passed
     assert not a.charge(d.seat, cost_usd=0.75, key="release", now=T0).booked
-    assert a.ledger(DAY) == {"bugfix": {"p": 0.75}, "*": {"p": 0.75}}
+    assert a.ops.ledger(DAY) == {"bugfix": {"p": 0.75}, "*": {"p": 0.75}}
 
 
 def test_a_cost_is_booked_to_the_day_it_was_incurred(redis_client):
     a = adm(redis_client, pol=day_policy())
     d = ask(a, "bugfix", pool=P1)
     a.release(d.seat, outcome="clean", cost_usd=2.0, now=MIDNIGHT + 60, at=MIDNIGHT - 60)   # replayed late
-    assert a.ledger(DAY) == {"bugfix": {"p": 2.0}, "*": {"p": 2.0}}
-    assert a.ledger("2027-01-16") == {}
+    assert a.ops.ledger(DAY) == {"bugfix": {"p": 2.0}, "*": {"p": 2.0}}
+    assert a.ops.ledger("2027-01-16") == {}
 
 
 def test_bad_charges_change_nothing(redis_client):
@@ -303,13 +303,13 @@ def _closed_at_night(a):
 def test_the_rollover_runs_once_per_day(redis_client):
     a = adm(redis_client, pol=day_policy())
     _closed_at_night(a)
-    first = a.rollover(now=MIDNIGHT)
+    first = a.ops.rollover(now=MIDNIGHT)
     assert first.ran and first.day == "2027-01-16" and first.reopened == ["p", "q"]
     assert provider(redis_client)["closedUntil"] == "0"
     before = snapshot(redis_client)
-    second = a.rollover(now=MIDNIGHT + 60)
+    second = a.ops.rollover(now=MIDNIGHT + 60)
     assert not second.ran and second.at == MIDNIGHT and snapshot(redis_client) == before
-    census = a.census(now=MIDNIGHT + 61)
+    census = a.ops.census(now=MIDNIGHT + 61)
     assert census["at"] == MIDNIGHT + 61
 
 
@@ -317,7 +317,7 @@ def test_a_rollover_three_hours_late_leaves_what_the_rules_say(redis_client):
     a = adm(redis_client, pol=day_policy())
     _closed_at_night(a)
     assert ask(a, pool=P2, now=MIDNIGHT + 3 * 3600).admitted             # reopened by itself already
-    late = a.rollover(now=MIDNIGHT + 3 * 3600)
+    late = a.ops.rollover(now=MIDNIGHT + 3 * 3600)
     assert late.ran and late.reopened == ["p", "q"]
 
 
@@ -337,7 +337,7 @@ def test_a_closed_provider_with_work_waiting_is_starving_first(redis_client):
     ask(a, "triage", pool=Q1, wait=True)                           # q's floor-less lanes: nothing starves
     a.release(ask(a, "express", pool=P1).seat, outcome="key_daily_limit", now=T0)
     assert ask(a, "reviews", pool=P1, now=T0 + 1, wait=True).reason == "provider-closed"
-    doc = a.census(now=T0 + 2)
+    doc = a.ops.census(now=T0 + 2)
     first = doc["starving"][0]
     assert (first["kind"], first["provider"], first["pool"], first["why"]) == \
         ("provider-closed", "p", P1, "key_daily_limit")
@@ -382,7 +382,7 @@ def test_plan_and_the_census_bound_count_the_days_money_like_admit(redis_client,
     a = adm(redis_client, pol=floored_policy(seed_estimate=40))
     spend(a, 5, lane="reviews", pool=P1, priced=True)         # ledger 5, m@p's mean round cost 5
     planned = a.plan(lane=lane, model=P1, wanted=100, now=T0 + 1)
-    bound = next(l for l in a.census(now=T0 + 1)["pools"][0]["lanes"] if l["lane"] == lane)["bound"] \
+    bound = next(l for l in a.ops.census(now=T0 + 1)["pools"][0]["lanes"] if l["lane"] == lane)["bound"] \
         if lane == "reviews" else planned
     admitted = 0
     while (d := ask(a, lane, pool=P1, now=T0 + 1)).admitted:
@@ -404,15 +404,15 @@ def test_a_release_replayed_after_a_restart_lost_its_seat_books_its_cost_once(re
     from admission import Admission
     pol = day_policy()
     a = Admission(redis_client, mesh="t", pod="pod-a", background=False, outbox=tmp_path / "a.outbox")
-    a.apply_policy(pol, recovery_hold=False)
+    a.ops.apply_policy(pol, recovery_hold=False)
     with a.round(lane="bugfix", model=P1, round_id="lost") as r:
         redis_client.flushall()                    # a restart without persistence: seat, tombstone, policy
         r.cost_usd = 0.42
     assert len(a._pending) == 1                    # NoPolicy: kept in the outbox
-    a.apply_policy(pol, recovery_hold=False)
+    a.ops.apply_policy(pol, recovery_hold=False)
     assert a.flush() == 0 and a.flush() == 0       # UnknownSeat: the cost is booked by a charge, once
     today = time.strftime("%Y-%m-%d", time.gmtime())
-    assert a.ledger(today) == {"bugfix": {"p": 0.42}, "*": {"p": 0.42}}
+    assert a.ops.ledger(today) == {"bugfix": {"p": 0.42}, "*": {"p": 0.42}}
     assert not a.charge(r.seat, cost_usd=0.42, key="release").booked   # any later replay counts nothing
 
 
@@ -423,9 +423,9 @@ def test_no_probe_while_our_own_count_says_the_days_budget_is_spent(redis_client
     assert ask(a, "express", pool=P1, now=T0 + 100).reason == "provider-closed"      # and no probe
     assert a.plan(lane="express", model=P1, wanted=3, now=T0 + 100) == 0
     # a reading of a topped-up key raises the limit: the probe goes, and a clean one reopens
-    a.report_budget(reading(limit_usd=500.0, spent_usd=100.0, at=T0 + 100), now=T0 + 100)
+    a.ops.report_budget(reading(limit_usd=500.0, spent_usd=100.0, at=T0 + 100), now=T0 + 100)
     pol = day_policy(limit=1000)
-    a.apply_policy(pol)
+    a.ops.apply_policy(pol)
     probe = ask(a, "express", pool=P1, now=T0 + 200)
     assert probe.reason == "probe"
     a.release(probe.seat, outcome="clean", now=T0 + 201)
@@ -453,7 +453,7 @@ def test_a_round_id_used_again_books_each_rounds_costs(redis_client):
         a.charge(d.seat, cost_usd=0.25, key="step-1", now=T0 + i)          # a replay: once
         a.release(d.seat, outcome="clean", seconds=1, cost_usd=1.0, now=T0 + i)
         a.release(d.seat, outcome="clean", seconds=1, cost_usd=1.0, now=T0 + i)  # retried: once
-    assert a.ledger(DAY)["reviews"]["p"] == pytest.approx(3 * 1.25)
+    assert a.ops.ledger(DAY)["reviews"]["p"] == pytest.approx(3 * 1.25)
 
 
 def test_a_booking_from_before_the_seq_was_in_the_key_counts_once(redis_client):
@@ -461,4 +461,4 @@ def test_a_booking_from_before_the_seq_was_in_the_key_counts_once(redis_client):
     d = a.try_admit(lane="reviews", model=P1, round_id="old", now=T0, draw=0.0)
     redis_client.set("adm:{t}:charged:old:step", "250000")   # booked by the previous version
     a.charge(d.seat, cost_usd=0.25, key="step", now=T0)         # replayed from an outbox after the upgrade
-    assert a.ledger(DAY) == {}
+    assert a.ops.ledger(DAY) == {}

@@ -17,8 +17,9 @@ def test_import_admission_pulls_in_the_client_and_nothing_else():
     assert "admission.client" in loaded and "admission.aio" in loaded
     assert [m for m in loaded if m.startswith(TOOLS)] == []
     ours = sorted(m for m in loaded if m.startswith("admission"))
-    assert ours == sorted({"admission", "admission._log", "admission._paths", "admission._primitives",
+    assert ours == sorted({"admission", "admission._log", "admission._mesh_async", "admission._paths", "admission._primitives",
                            "admission._scripts_async", "admission._scripts_sync", "admission.aio", "admission.alternatives",
                            "admission.base", "admission.classify", "admission.client", "admission.codes",
-                           "admission.core", "admission.errors", "admission.health", "admission.lualib", "admission.outbox",
+                           "admission.core", "admission.doctor", "admission.errors", "admission.health", "admission.lualib",
+                           "admission.ledger", "admission.mesh", "admission.outbox",
                            "admission.policy", "admission.scripts", "admission.urgency", "admission.waiting"}), ours

@@ -424,7 +424,7 @@ def test_live_page_in_chromium(redis_client, tmp_path):
         if os.environ.get("ADMISSION_SCREENSHOT_DIR"):  # keep it for a person (CI artifact)
             shutil.copy(shot, Path(os.environ["ADMISSION_SCREENSHOT_DIR"]) / "census.png")
 
-        a.close_provider("p", why="test")
+        a.ops.close_provider("p", why="test")
         waiter = a.try_admit(lane="b", model=POOL, round_id=f"{SECRET}-b-w", wait=True)
         assert not waiter.admitted and waiter.reason == "provider-closed"
         run = chromium(base + "/", tmp_path, "--dump-dom")

@@ -66,11 +66,11 @@ def test_rediss_url_runs_admit_release_and_census_over_tls(tls_server, certs):
     try:
         pol = policy()
         del pol["clock"]
-        adm.apply_policy(pol, recovery_hold=False)
+        adm.ops.apply_policy(pol, recovery_hold=False)
         d = adm.try_admit(lane="a", model="m@p", round_id="over-tls")
         assert d.admitted, d
         assert adm.release(d.seat, outcome="clean", seconds=1.0, cost_usd=0.01).pool == "m@p"
-        row = next(p for p in adm.census()["pools"] if p["pool"] == "m@p")
+        row = next(p for p in adm.ops.census()["pools"] if p["pool"] == "m@p")
         assert (row["running"], row["successes"]) == (0, 1)
         assert adm.redis.connection_pool.connection_class is redis.SSLConnection
         record("security", "TLS (rediss://, server certificate verified): admit, release, census", "ok",

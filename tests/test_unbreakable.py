@@ -53,7 +53,7 @@ def test_a_cancelled_async_waiter_leaves_no_ticket_and_blocks_no_newcomer(async_
     async def main():
         client = async_client_factory()
         a = AsyncAdmission(client, mesh="t", pod="a", background=False)
-        await a.apply_policy(policy(ONE_LANE, max_estimate=2, grow_interval=60), recovery_hold=False)
+        await a.ops.apply_policy(policy(ONE_LANE, max_estimate=2, grow_interval=60), recovery_hold=False)
         seats = [(await a.try_admit(lane="x", model=POOL, round_id=f"h{i}")).seat for i in range(2)]
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.3):
@@ -85,7 +85,7 @@ def test_a_waiter_left_by_an_error_reply_withdraws_its_ticket(redis_client):
     t = threading.Thread(target=run)
     t.start()
     assert _wait_for(lambda: len(_queue(redis_client)) == 1)
-    a.apply_policy(policy({"y": XY["y"]}, max_estimate=2, grow_interval=60))   # lane x removed
+    a.ops.apply_policy(policy({"y": XY["y"]}, max_estimate=2, grow_interval=60))   # lane x removed
     a._wake(POOL)                                                 # it re-asks: UnknownLane
     t.join(10)
     a.close()
@@ -101,7 +101,7 @@ def test_heartbeat_renews_only_tickets_whose_lane_and_pool_still_exist(redis_cli
     assert not r.ask("x", wait=True, round_id="gone-lane").admitted
     assert not r.ask("y", pool=OTHER, wait=True, round_id="gone-pool").admitted
     assert not r.ask("y", wait=True, round_id="stays").admitted
-    a.apply_policy(policy({"y": LANES0["y"]}, pools=(POOL,), seed_estimate=1, max_estimate=1))
+    a.ops.apply_policy(policy({"y": LANES0["y"]}, pools=(POOL,), seed_estimate=1, max_estimate=1))
     hb = a.heartbeat(now=T0 + 1)
     assert sorted(hb.lost_tickets) == ["gone-lane", "gone-pool"]
     assert _tickets(redis_client) == [b"stays"]
@@ -116,7 +116,7 @@ def test_a_live_policy_change_never_lapses_a_live_seat(redis_client):
     r = Rounds(a)
     on_lane = r.fill("x", 1)[0]
     on_pool = r.fill("y", 1, pool=OTHER)[0]
-    a.apply_policy(policy({"y": TWO_LANES["y"]}, pools=(POOL,), lease_ttl=30))   # x and n@p removed
+    a.ops.apply_policy(policy({"y": TWO_LANES["y"]}, pools=(POOL,), lease_ttl=30))   # x and n@p removed
     hb = a.heartbeat(now=T0 + 20)
     assert hb.lost == [] and hb.reasserted == []
     seats = dict(redis_client.zrange("adm:{t}:seats", 0, -1, withscores=True))
@@ -162,7 +162,7 @@ def test_a_round_that_ended_is_never_re_asserted_whatever_its_release_answered(r
         redis_client.flushall()                                   # a restart without persistence
     assert a._book.seats == {}                                    # forgotten: NoPolicy on release
     assert [r["seat"][0] for r in a._pending.memory] == ["r1"]    # kept for a retry, not dropped
-    a.apply_policy(pol, recovery_hold=False)
+    a.ops.apply_policy(pol, recovery_hold=False)
     hb = a.heartbeat()
     assert hb.reasserted == [] and pool_state(redis_client).get("running", "0") == "0"
     caplog.clear()
@@ -177,7 +177,7 @@ def test_a_round_that_ended_is_never_re_asserted_whatever_its_release_answered(r
 def test_a_release_redis_cannot_reach_waits_in_the_outbox_and_counts_once(redis_client, tmp_path):
     path = tmp_path / "pod-a.outbox"
     a = Admission(redis_client, mesh="t", pod="pod-a", background=False, outbox=path)
-    a.apply_policy(policy(ONE_LANE), recovery_hold=False)
+    a.ops.apply_policy(policy(ONE_LANE), recovery_hold=False)
     real = scripts.call
     try:
         with a.round(lane="x", model=POOL, round_id="r1") as r:
@@ -192,7 +192,7 @@ def test_a_release_redis_cannot_reach_waits_in_the_outbox_and_counts_once(redis_
     assert b.flush() == 0                                         # nothing twice
     today = time.strftime("%Y-%m-%d", time.gmtime())
     assert pool_state(redis_client)["running"] == "0"
-    assert b.ledger(today) == {"x": {"p": 0.25}, "*": {"p": 0.25}}
+    assert b.ops.ledger(today) == {"x": {"p": 0.25}, "*": {"p": 0.25}}
 
 
 def test_a_bad_price_on_a_round_still_releases_its_seat(redis_client):
@@ -286,7 +286,7 @@ def test_policy_size_is_bounded_before_the_catalog_is_touched(redis_client):
     a = adm(redis_client, pol=policy(ONE_LANE))
     big = policy(ONE_LANE, pools=tuple(f"m{i}@p" for i in range(4000)))
     with pytest.raises(PolicyError, match="at most 1000"):
-        a.apply_policy(big)
+        a.ops.apply_policy(big)
     doc = {"lanes": [{"name": "x", "floor": 0, "weight": 1, "priority": 1}],
            "tunables": json.loads(redis_client.hget("adm:{t}:config", "tunables")),
            "pools": [{"name": f"m{i}@p", "provider": "p"} for i in range(1001)]}
@@ -364,7 +364,7 @@ def test_a_freed_slot_is_taken_within_100ms_by_a_waiter_on_any_pod(real_engine, 
     pol = policy(ONE_LANE, max_estimate=4, seed_estimate=4, grow_interval=60, high_free=0.01)   # no draws
     pol.pop("clock")
     holder = Admission(client, mesh="t", pod="holder", background=False)
-    holder.apply_policy(pol, recovery_hold=False)
+    holder.ops.apply_policy(pol, recovery_hold=False)
     pods = [Admission(redis.Redis.from_url(url), mesh="t", pod=f"p{i}") for i in range(2)]
     latencies, trials, freed = [], 25, 3
     admitted: list[tuple[float, object]] = []
@@ -449,7 +449,7 @@ def test_after_a_restart_admissions_wait_for_the_recovery_hold(redis_client):
     b = adm(redis_client, pod="pod-b", apply=False)
     running = Rounds(a).fill("x", 3)
     redis_client.flushall()                                # a restart without persistence
-    b.apply_policy(pol, now=T0 + 1)                        # re-applied: hold for a heartbeat period
+    b.ops.apply_policy(pol, now=T0 + 1)                        # re-applied: hold for a heartbeat period
     d = b.try_admit(lane="x", model=POOL, round_id="new", now=T0 + 2, draw=0.0, wait=True)
     assert (d.admitted, d.reason) == (False, "recovering")
     assert a.heartbeat(now=T0 + 5).reasserted == [s.id for s in running]
@@ -466,7 +466,7 @@ def test_a_real_restart_never_runs_the_pool_past_its_slots(real_engine):
     pol.pop("clock")
     with LocalServer(real_engine) as srv:
         op = Admission.from_url(srv.url, mesh="t", pod="operator", background=False)
-        op.apply_policy(pol, recovery_hold=False)
+        op.ops.apply_policy(pol, recovery_hold=False)
         a = Admission.from_url(srv.url, mesh="t", pod="a")
         b = Admission.from_url(srv.url, mesh="t", pod="b")
         release_a, a_in, b_in = threading.Event(), [], []
@@ -483,7 +483,7 @@ def test_a_real_restart_never_runs_the_pool_past_its_slots(real_engine):
         assert _wait_for(lambda: len(a_in) == 3)
         srv.restart()                                         # every key gone, the rounds still run
         applied = time.monotonic()
-        op.apply_policy(pol)                                  # re-applied at once: the hold starts
+        op.ops.apply_policy(pol)                                  # re-applied at once: the hold starts
         threads += [threading.Thread(target=run, args=(b, f"b{i}", b_in, release_a)) for i in range(4)]
         for t in threads[3:]:
             t.start()
@@ -510,7 +510,7 @@ def test_a_real_restart_never_runs_the_pool_past_its_slots(real_engine):
 def test_a_second_apply_holds_nothing(redis_client):
     pol = policy(ONE_LANE)
     a = adm(redis_client, pol=pol)
-    a.apply_policy(pol, now=T0)                             # a live change of a mesh with a policy
+    a.ops.apply_policy(pol, now=T0)                             # a live change of a mesh with a policy
     assert a.try_admit(lane="x", model=POOL, round_id="r", now=T0, draw=0.0).admitted
 
 
@@ -574,7 +574,7 @@ def test_rounds_asking_across_an_outage_are_admitted_soon_after_it(real_engine, 
     client.flushall()
     pol = policy(ONE_LANE, seed_estimate=8, grow_interval=15)
     pol.pop("clock")
-    Admission(client, mesh="t", pod="setup", background=False).apply_policy(pol, recovery_hold=False)
+    Admission(client, mesh="t", pod="setup", background=False).ops.apply_policy(pol, recovery_hold=False)
     pod = Admission.from_url(url, mesh="t", pod="p", connect_timeout=0.2, socket_timeout=0.2)
     done: list[float] = []
 
@@ -600,7 +600,7 @@ def test_bad_clock_and_hold_arguments_change_nothing(redis_client):
     bad = policy(ONE_LANE)
     bad["clock"] = "wall"
     with pytest.raises(PolicyError, match="clock"):
-        a.apply_policy(bad)
+        a.ops.apply_policy(bad)
     doc = json.loads(redis_client.hget("adm:{t}:config", "policy"))
     before = snapshot(redis_client)
     for args, word in [(["", json.dumps({**doc, "clock": "wall"}), "tok", "", "0"], "ADM_BAD_POLICY"),
@@ -641,5 +641,5 @@ def test_a_queued_release_is_stamped_on_the_servers_clock_not_the_pods(redis_cli
     assert len(a._pending) == 1                               # the release waits in the outbox
     assert a.flush() == 0
     day = datetime.datetime.fromtimestamp(redis_client.time()[0], datetime.timezone.utc).strftime("%Y-%m-%d")
-    assert a.ledger(day)["*"] == {"p": 0.75}
+    assert a.ops.ledger(day)["*"] == {"p": 0.75}
     assert not (tmp_path / "a.outbox.dead").exists()

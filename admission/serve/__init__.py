@@ -4,7 +4,7 @@
 
 One process serves one mesh or several; it keeps no state of its own (run any number of
 replicas). Every request reads Redis afresh: the census is rebuilt by the ``census`` script
-(``Admission.census()``) and kept for ``cache_seconds`` (1 s) per mesh, so a burst of scrapes
+(``Mesh.census()``) and kept for ``cache_seconds`` (1 s) per mesh, so a burst of scrapes
 and page polls costs one rebuild; a failed read is kept as long, so a dead Redis is asked once
 per second, not once per request.
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable
 import redis
 
 from .._log import get_logger
-from ..client import Admission
+from ..mesh import Mesh
 from ..core import UNREACHABLE, mesh_key
 from ..errors import AdmissionError, NoPolicy, Unavailable
 
@@ -43,8 +43,8 @@ class CensusSource:
         if not self.meshes:
             raise ValueError("serve at least one mesh")
         self.redis = client
-        # Admission validates each mesh name (BadName); no clock thread, no outbox: reads only
-        self.adms = {m: Admission(client, mesh=m, pod="serve", background=False) for m in self.meshes}
+        # a Mesh validates each mesh name (BadName); it holds no clock and no outbox: reads only
+        self.adms = {m: Mesh(client, mesh=m) for m in self.meshes}
         self.cache_seconds = cache_seconds
         self.clock = clock
         self._locks = {m: threading.Lock() for m in self.meshes}
@@ -88,7 +88,7 @@ class CensusSource:
     def ready(self, mesh: str) -> tuple[bool, str]:
         """Redis answers and the mesh has a policy (read now, never cached)."""
         try:
-            version = self.redis.hget(self.adms[mesh].core.config_key, "version")
+            version = self.redis.hget(self.adms[mesh].calls.config_key, "version")
         except UNREACHABLE as exc:
             return False, f"redis unreachable: {one_line(exc)}"
         except redis.RedisError as exc:

@@ -293,7 +293,7 @@ def ensure_policy(adm: Admission) -> None:
     try:
         if adm.policy().get("version"):
             return
-        adm.apply_policy(demo_policy(), expected_version=0, recovery_hold=False)  # a new mesh
+        adm.ops.apply_policy(demo_policy(), expected_version=0, recovery_hold=False)  # a new mesh
     except StaleVersion:
         pass  # another pod applied it first
 
@@ -662,7 +662,7 @@ def census_watch(url: str, mesh: str, every: float = 1.0, *, frames: int | None 
     try:
         while frames is None or n < frames:
             try:
-                census = adm.census()
+                census = adm.ops.census()
                 if not primed:
                     tail.prime(census)
                     primed = True
@@ -757,13 +757,13 @@ def run_demo(seconds: float = DEFAULT_SECONDS, pods: int = DEFAULT_PODS, capacit
     with LocalServer(engine) as srv:
         client = redis.Redis.from_url(srv.url, **fail_fast_options(1.0, 5.0))
         adm = Admission(client, mesh=mesh, pod="demo-census", background=False)
-        adm.apply_policy(demo_policy(), recovery_hold=False)  # a fresh embedded server: nothing to re-assert
+        adm.ops.apply_policy(demo_policy(), recovery_hold=False)  # a fresh embedded server: nothing to re-assert
         # The port is chosen now and the provider started after the fork (see _mp_context); the
         # pods wait for it to answer before they start their workers.
         provider_url = f"http://127.0.0.1:{free_port()}"
         client.set(demo_key(mesh, "provider"), provider_url)
         tail = EventTail(client, mesh)
-        tail.prime(adm.census())
+        tail.prime(adm.ops.census())
         title = (f"admission demo — {engine} {srv.version} on {srv.url}, mesh {mesh}, {pods} pods, fake provider "
                  f"on {provider_url} (scale {_short(scale)}), hidden capacity {capacity} (admission does not know it)")
         if not screen.live:
@@ -784,7 +784,7 @@ def run_demo(seconds: float = DEFAULT_SECONDS, pods: int = DEFAULT_PODS, capacit
             # both views read after the pods stopped: their last rounds ended (and taught the
             # estimate), the provider still answers
             tail.poll()
-            summary = _summary(adm.census(), tail, view, pod_figures(client, mesh), elapsed, interrupted)
+            summary = _summary(adm.ops.census(), tail, view, pod_figures(client, mesh), elapsed, interrupted)
         finally:
             if stopped is None:  # the display failed: stop the pods all the same
                 _stop_pods(procs)
@@ -809,7 +809,7 @@ def _show(adm: Admission, tail: EventTail, view: ProviderView, screen: Screen,
     try:
         while True:
             t = time.monotonic() - started
-            census = adm.census()
+            census = adm.ops.census()
             tail.poll()
             provider, pods = view.poll(), pod_figures(adm.redis, mesh)
             screen.frame(render_census(census, tail, provider, f"{title}\nt={t:.0f}s of {seconds:.0f}s", pods),

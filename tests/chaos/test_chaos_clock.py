@@ -21,7 +21,7 @@ def test_a_server_clock_step_past_every_lease_reasserts_live_rounds_without_over
         tmp_path, make_server, provider):
     server = make_server("--enable-debug-command", "yes")
     mesh = "chaos-step"
-    admin(admin_client(server.url), mesh).apply_policy(chaos_policy(LEASE), recovery_hold=False)
+    admin(admin_client(server.url), mesh).ops.apply_policy(chaos_policy(LEASE), recovery_hold=False)
     stall = 2 * LEASE
     fleet = Fleet(tmp_path, mesh, pods=3, where={"url": server.url}, provider=provider.url, work_s=(0.2, 0.8))
     with fleet, Checker(lambda: root_client(server.url), mesh) as checker:
@@ -51,7 +51,7 @@ def test_a_pod_whose_clock_is_off_by_an_hour_books_every_dollar_on_the_servers_d
         tmp_path, make_server, provider):
     server = make_server()
     mesh = "chaos-drift"
-    admin(admin_client(server.url), mesh).apply_policy(chaos_policy(LEASE), recovery_hold=False)
+    admin(admin_client(server.url), mesh).ops.apply_policy(chaos_policy(LEASE), recovery_hold=False)
     skews = {0: 3600.0, 1: -3600.0, 2: 0.0}
     outages = 4 if soak() else 2
     with proxies(server, len(skews)) as proxy:

@@ -38,7 +38,7 @@ def _prepare(nodes, connect_admin, mesh: str) -> None:
     """The deploy file's users on every data node (replication does not carry them), then the
     policy applied by the admin user (connected only once the users exist)."""
     secure(*(n.client() for n in nodes))
-    admin(connect_admin(), mesh).apply_policy(chaos_policy(LEASE), recovery_hold=False)
+    admin(connect_admin(), mesh).ops.apply_policy(chaos_policy(LEASE), recovery_hold=False)
 
 
 def _through_a_kill(fleet: Fleet, checker: Checker, kill, promoted, run_s: float) -> tuple[float, float]:

@@ -18,7 +18,7 @@ LEASE = 1.5
 def test_lost_replies_delays_and_dropped_connections_count_every_dollar_once(tmp_path, make_server, provider):
     server = make_server()
     mesh = "chaos-net"
-    admin(admin_client(server.url), mesh).apply_policy(chaos_policy(LEASE), recovery_hold=False)
+    admin(admin_client(server.url), mesh).ops.apply_policy(chaos_policy(LEASE), recovery_hold=False)
     run_s = 60 if soak() else 3
     drop_p = 0.05
     with proxies(server, 3) as proxy:
@@ -56,7 +56,7 @@ def test_a_partitioned_pod_loses_only_its_own_admissions_and_books_every_dollar_
         tmp_path, make_server, provider):
     server = make_server()
     mesh = "chaos-part"
-    admin(admin_client(server.url), mesh).apply_policy(chaos_policy(LEASE), recovery_hold=False)
+    admin(admin_client(server.url), mesh).ops.apply_policy(chaos_policy(LEASE), recovery_hold=False)
     cut_s = 2 * LEASE
     with proxies(server, 3) as proxy:
         # longer rounds, so the cut pod has rounds still running when it heals

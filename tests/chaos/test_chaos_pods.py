@@ -27,7 +27,7 @@ def test_a_killed_pod_heals_within_a_lease_and_a_frozen_pod_is_reasserted_not_ov
         tmp_path, make_server, provider):
     server = make_server()
     mesh = "chaos-pods"
-    admin(admin_client(server.url), mesh).apply_policy(chaos_policy(LEASE), recovery_hold=False)
+    admin(admin_client(server.url), mesh).ops.apply_policy(chaos_policy(LEASE), recovery_hold=False)
     kills = 12 if soak() else 2
     # pod2 (the one that freezes) runs long rounds: they are still running when it wakes
     fleet = Fleet(tmp_path, mesh, pods=4, where={"url": server.url}, provider=provider.url,

@@ -35,7 +35,7 @@ def test_a_redis_restart_heals_without_over_admission_and_the_ledger_keeps_what_
     server = make_server(*args)
     mesh = "chaos-restart"
     policy = chaos_policy(LEASE)
-    admin(admin_client(server.url), mesh).apply_policy(policy, recovery_hold=False)
+    admin(admin_client(server.url), mesh).ops.apply_policy(policy, recovery_hold=False)
     run_s = 20 if soak() else 1.0
     # each pod's thread 0 runs long rounds (4-5 s): a wipe timed just inside one finds it running past the
     # restart and the policy's re-apply, so a heartbeat must re-assert it
@@ -55,7 +55,7 @@ def test_a_redis_restart_heals_without_over_admission_and_the_ledger_keeps_what_
         server.restart()
         secure(server.client())  # the operator's ACL file (users are not in the data)
         if wiped:
-            admin(admin_client(server.url), mesh).apply_policy(policy)  # with the recovery hold
+            admin(admin_client(server.url), mesh).ops.apply_policy(policy)  # with the recovery hold
         up = time.time()
         first = wait_until(lambda: [e["t"] for e in fleet.events() if e["ev"] == "admitted" and e["t"] > up],
                            30, what="an admission after the restart")[0]

@@ -159,7 +159,7 @@ def fill_seats(setup: redis.Redis, adm: Admission, lanes: int, seats: int, progr
     """Fresh state: the policy and ``seats`` live seats, round-robin over the lanes (the measured
     lane first, so it holds at least one)."""
     setup.flushall()
-    adm.apply_policy(bench_policy(lanes, BIG_ESTIMATE), recovery_hold=False)
+    adm.ops.apply_policy(bench_policy(lanes, BIG_ESTIMATE), recovery_hold=False)
     filler = Core(MESH, "filler", seed=0)
     names = list(lanes_table(lanes))
     fill = (filler.admit(lane=names[i % len(names)], model=POOL, round_id=f"s-{i}", draw=0.0, wait=False)
@@ -179,7 +179,7 @@ def add_waiters(setup: redis.Redis, adm: Admission, lanes: int, queue: Queue, co
     filler = Core(MESH, "filler", seed=0)
     small = queue.live == 0
     if small:
-        adm.apply_policy(bench_policy(lanes, 1), recovery_hold=False)
+        adm.ops.apply_policy(bench_policy(lanes, 1), recovery_hold=False)
     ask = (filler.admit(lane=MEASURED_LANE, model=POOL, round_id=f"w-{queue.next + i}", draw=0.0, wait=True)
            for i in range(count))
     admitted = [d for d in _run_pipelined(setup, ask, count, progress) if d.admitted]
@@ -187,7 +187,7 @@ def add_waiters(setup: redis.Redis, adm: Admission, lanes: int, queue: Queue, co
         raise RuntimeError(f"bench setup: {len(admitted)} of {count} waiters were admitted")
     queue.next += count
     if small:
-        adm.apply_policy(bench_policy(lanes, BIG_ESTIMATE), recovery_hold=False)
+        adm.ops.apply_policy(bench_policy(lanes, BIG_ESTIMATE), recovery_hold=False)
 
 
 def _check_pool(setup: redis.Redis, running: int, waiting: int) -> None:

@@ -34,7 +34,7 @@ def census_state(setup: redis.Redis, adm: Admission, lanes: int, estimate: int) 
     """Fresh state: one seat in every lane, one waiter in the last lane, then the pool measured
     at ``estimate`` (exhausted) with its growth clock just reset, so the ticks do not grow it."""
     setup.flushall()
-    adm.apply_policy(bench_policy(lanes, BIG_ESTIMATE), recovery_hold=False)
+    adm.ops.apply_policy(bench_policy(lanes, BIG_ESTIMATE), recovery_hold=False)
     names = list(lanes_table(lanes))
     filler = Core(MESH, "filler", seed=0)
     seats = (filler.admit(lane=n, model=POOL, round_id=f"s-{n}", draw=0.0, wait=False) for n in names)
@@ -56,13 +56,13 @@ def measure_census(setup: redis.Redis, adm: Admission, case: CensusCase, iterati
     for name in ("census", "tick"):
         for _ in range(max(1, iterations // 10)):  # warm-up: library loaded, caches hot
             setup.delete(at_key)
-            adm.census() if name == "census" else adm.tick()
+            adm.ops.census() if name == "census" else adm.tick()
         ns: list[int] = []
         setup.config_resetstat()
         for _ in range(iterations):
             if name == "census":
                 t0 = perf()
-                c = adm.census()
+                c = adm.ops.census()
                 ns.append(perf() - t0)
             else:
                 setup.delete(at_key)  # not an FCALL: outside the server figure

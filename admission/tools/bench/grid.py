@@ -116,7 +116,7 @@ def pods_throughput(setup: redis.Redis, url: str, pods: int, lanes: int, seconds
     import multiprocessing as mp
 
     setup.flushall()
-    Admission(setup, mesh=MESH, pod="bench", background=False).apply_policy(
+    Admission(setup, mesh=MESH, pod="bench", background=False).ops.apply_policy(
         bench_policy(lanes, BIG_ESTIMATE), recovery_hold=False)
     ctx = mp.get_context("spawn")
     out, start = ctx.Queue(), ctx.Barrier(pods + 1)  # all pods start together

@@ -91,7 +91,7 @@ class FaultHarness:
             pipe.pttl(k)
         raw = pipe.execute(raise_on_error=False)
         primary = {k: (raw[2 * i], raw[2 * i + 1]) for i, k in enumerate(self.primary_keys)}
-        pools = {row["pool"]: row for row in self.pod("sampler").census(now=self.t)["pools"]}
+        pools = {row["pool"]: row for row in self.pod("sampler").ops.census(now=self.t)["pools"]}
         left = {p: (pools.get(p) or {}).get("plane", {}).get("retriesLeft") for p in (PRIMARY, BORROWED)}
         return State(primary, left)
 
@@ -221,7 +221,7 @@ class FaultHarness:
         stale = list(self.client.scan_iter(match=mesh_key(self.mesh, "*"), count=1000))
         if stale:  # the report's own throw-away mesh, from an earlier run on this server
             self.client.delete(*stale)
-        self.pod("sampler").apply_policy(fence_policy(), recovery_hold=False, now=self.t)
+        self.pod("sampler").ops.apply_policy(fence_policy(), recovery_hold=False, now=self.t)
         self.sample(PRIMARY)
         primary = self.pod("pod-p")
         self.live.append(primary)

@@ -114,7 +114,7 @@ def _prepare(mode: str, s: Settings, redis_url: str) -> SlotWatch | None:
         if mode == "admission":
             r.flushall()
             adm = Admission(r, mesh=MESH, pod="bench-parent", background=False)
-            adm.apply_policy(bench_policy(s.scale), recovery_hold=False)
+            adm.ops.apply_policy(bench_policy(s.scale), recovery_hold=False)
             return SlotWatch(redis_url)
         if mode == "semaphore":
             with r.pipeline() as pipe:

@@ -279,7 +279,7 @@ class SeedAndGrow(Policy):
         self.pods_of: dict[str, list[str]] = {}
         for pod, mesh in self.mesh.items():
             if mesh not in self.pods_of:
-                self.adm[pod].apply_policy(policy, recovery_hold=False)
+                self.adm[pod].ops.apply_policy(policy, recovery_hold=False)
             self.pods_of.setdefault(mesh, []).append(pod)
         seed = float(policy["tunables"].get("seed_estimate", 2))
         self.est = {(m, p): seed for m in self.pods_of for p in sim.pools}
@@ -416,11 +416,11 @@ class Day(SeedAndGrow):
         return {"closedUntil": float(until or 0), "why": why, "closedAt": float(at or 0)}
 
     def ledger(self, day: str) -> dict[str, dict[str, float]]:
-        return next(iter(self.adm.values())).ledger(day)
+        return next(iter(self.adm.values())).ops.ledger(day)
 
     def census(self, now: float) -> dict:
         """The mesh's read model now (the census)."""
-        return next(iter(self.adm.values())).census(now=now)
+        return next(iter(self.adm.values())).ops.census(now=now)
 
 
 #: provider-day-fallback: one model on two providers. The key with the daily limit is reached
