@@ -23,11 +23,15 @@ FILES = [
     ("admission/aio.py", "admission/client.py"),
     ("admission/_scripts_async.py", "admission/_scripts_sync.py"),
     ("admission/_mesh_async.py", "admission/mesh.py"),
+    ("admission/integrations/_streams_async.py", "admission/integrations/_streams_sync.py"),
+    ("admission/integrations/_calls_async.py", "admission/integrations/_calls_sync.py"),
+    ("admission/integrations/_httpx_async.py", "admission/integrations/_httpx_sync.py"),
 ]
 
 #: (regex, replacement), applied in this order, as whole words.
 SUBS = [
     (r"^import redis\.asyncio as aredis\n", ""),  # the sync flavour has `import redis` already
+    (r"^.*  # asyncio only\n", ""),  # a line the sync flavour has no use for (an alias)
     (r"aredis\.Redis", "redis.Redis"),
     (r"AsyncIterator", "Iterator"),
     (r"Async([A-Z][A-Za-z0-9_]*)", r"\1"),
@@ -37,6 +41,17 @@ SUBS = [
     (r"asynccontextmanager", "contextmanager"),
     (r"__aenter__", "__enter__"),
     (r"__aexit__", "__exit__"),
+    (r"async for", "for"),
+    (r"__aiter__", "__iter__"),
+    (r"__anext__", "__next__"),
+    (r"anext", "next"),
+    (r"StopAsyncIteration", "StopIteration"),
+    (r"aclose", "close"),
+    # the integrations: the sync admission, their generated modules, httpx's names
+    (r"\.\.aio", "..client"),
+    (r"_(calls|streams|httpx)_async", r"_\1_sync"),
+    (r"handle_async_request", "handle_request"),
+    (r"aread", "read"),
     # the asyncio names of what differs: scripts' calls, the health run, the primitives
     (r"acall_confirmed", "call_confirmed"),
     (r"acall", "call"),
@@ -47,8 +62,11 @@ SUBS = [
     (r"ablocking", "blocking"),
     (r"acheck_confirm", "check_confirm"),
     (r"ashielded", "shielded"),
-    (r"aclose", "close"),
     (r"_mesh_async", "mesh"),
+    (r"aenter_in", "enter_in"),
+    (r"aexit_in", "exit_in"),
+    (r"arunning_loop", "running_loop"),
+    (r"aend_unclosed", "end_unclosed"),
 ]
 
 

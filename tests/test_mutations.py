@@ -3,6 +3,7 @@ breaks one rule in a copy of the Lua, and the named tests must turn red (on fake
 forked process pointed at the copy with ADMISSION_LUA_DIR: tests/mutant_runner.py)."""
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -552,19 +553,19 @@ MUTATIONS = [
     ("a bad received count on a round is refused", "admission/base.py", "            _received_total(received)\n",
      "            pass\n", "test_rules_capline.py", "sends_what_it_received"),
     # the SDK integrations declare sizes, report a stream's progress, end with what was received
-    ("an SDK call declares its size", "admission/integrations/_sdk.py", "                              tokens=ask.tokens)",
+    ("an SDK call declares its size", "admission/integrations/_calls.py", "                              tokens=ask.tokens)",
      "                              tokens=None)", "test_integrations.py", "declared_call_ends or helper_reports", "redis"),
     ("an SDK call may declare its answer budget", "admission/integrations/_common.py",
      "    if tokens is None and settings.declare_budget:", "    if False:", "test_integrations.py",
      "declared_call_ends", "redis"),
-    ("an SDK call ends with the answer tokens it received", "admission/integrations/_sdk.py",
-     "            r.received = received_of(ask, _get(result, \"usage\"))\n            return result\n\n    def _end_held",
-     "            return result\n\n    def _end_held", "test_integrations.py", "declared_call_ends", "redis"),
-    ("a stream ends with the answer tokens it received", "admission/integrations/_sdk.py",
-     "            r.received = stream.meter.received(stream.usage)\n            r.cost_usd = self.cost(",
-     "            r.cost_usd = self.cost(", "test_integrations.py", "declared_call_ends or helper_reports", "redis"),
-    ("a declared stream reports its progress", "admission/integrations/_streams.py",
-     "                self.meter.report(got)  # type: ignore[misc]", "                pass",
+    ("an SDK call ends with the answer tokens it received", "admission/integrations/_calls_async.py",
+     "            r.received = received_of(ask, _get(result, \"usage\"))\n            return result\n\n    async def _end_held",
+     "            return result\n\n    async def _end_held", "test_integrations.py", "declared_call_ends", "redis"),
+    ("a stream ends with the answer tokens it received", "admission/integrations/_calls_async.py",
+     "            r.received = stream.meter.received(stream.usage)\n            r.cost_usd = await self.cost(",
+     "            r.cost_usd = await self.cost(", "test_integrations.py", "declared_call_ends or helper_reports", "redis"),
+    ("a declared stream reports its progress", "admission/integrations/_streams_async.py",
+     "                await self.meter.report(got)  # type: ignore[misc]", "                pass",
      "test_integrations.py", "declared_stream_reports", "redis"),
     ("a stream reports only when due", "admission/integrations/_streams.py", "if now - self._last < PROGRESS_EVERY:",
      "if False:", "test_integrations.py", "meter_reports_when_due", "redis"),
@@ -577,23 +578,23 @@ MUTATIONS = [
     ("the LiteLLM hook declares budgets only when asked", "admission/integrations/litellm.py",
      "return answer_budget(data) if self.declare_budget else None", "return answer_budget(data)",
      "test_litellm_hook.py", "declared_request", "redis"),
-    ("the httpx transport declares the body's budget", "admission/integrations/httpx.py",
+    ("the httpx transport declares the body's budget", "admission/integrations/_http.py",
      "_body_json(request) if settings.declare_budget else {})", "{})", "test_integrations.py",
      "transport_declares", "redis"),
-    ("the httpx transport ends with the usage's output count", "admission/integrations/httpx.py",
-     "            r.received = received_of(ask, verdict.usage)\n            r.cost_usd = self._calls.cost(",
-     "            r.cost_usd = self._calls.cost(", "test_integrations.py", "transport_declares", "redis"),
-    ("a failed progress report never fails the stream", "admission/integrations/_streams.py",
+    ("the httpx transport ends with the usage's output count", "admission/integrations/_httpx_async.py",
+     "            r.received = received_of(ask, verdict.usage)\n            r.cost_usd = await self._calls.cost(",
+     "            r.cost_usd = await self._calls.cost(", "test_integrations.py", "transport_declares", "redis"),
+    ("a failed progress report never fails the stream", "admission/integrations/_streams_async.py",
      "            except Exception as exc:  # noqa: BLE001 - see _report_failed\n                _report_failed(exc)\n            except BaseException as exc:  # interrupted",
      "            except ZeroDivisionError as exc:\n                _report_failed(exc)\n            except BaseException as exc:  # interrupted",
      "test_integrations.py", "declared_stream_reports", "redis"),
-    ("a stream interrupted while reporting ends its round (sync)", "admission/integrations/_streams.py",
+    ("a stream interrupted while reporting ends its round (sync)", "admission/integrations/_streams_sync.py",
      "            except BaseException as exc:  # interrupted while reporting: the round ends as if while reading\n                self._finish(exc)\n",
      "            except BaseException as exc:  # interrupted while reporting: the round ends as if while reading\n",
      "test_integrations.py", "interrupted_while_reporting", "redis"),
-    ("a stream interrupted while reporting ends its round", "admission/integrations/_streams.py",
-     "            except BaseException as exc:  # cancelled while reporting: the round ends as if while reading\n                await self._finish(exc)\n",
-     "            except BaseException as exc:  # cancelled while reporting: the round ends as if while reading\n",
+    ("a stream interrupted while reporting ends its round", "admission/integrations/_streams_async.py",
+     "            except BaseException as exc:  # interrupted while reporting: the round ends as if while reading\n                await self._finish(exc)\n",
+     "            except BaseException as exc:  # interrupted while reporting: the round ends as if while reading\n",
      "test_integrations.py", "interrupted_while_reporting", "redis"),
 ]
 
@@ -808,7 +809,8 @@ MUTATIONS += [
 
 def _mutant(tmp: Path, file: str, find: str, replace: str) -> Path:
     """A mutated copy: of the Lua (``tmp/lua``), or for ``admission/...`` of the package
-    (``tmp/admission``, imported before the installed one: the run starts in ``tmp``)."""
+    (``tmp/admission``, imported before the installed one: the run starts in ``tmp``); a mutated
+    asyncio source mutates the sync module generated from it (``scripts/unasync.py``)."""
     root = tmp / "lua"
     shutil.copytree(lua_dir(), root)
     if file.startswith("admission/"):
@@ -820,7 +822,21 @@ def _mutant(tmp: Path, file: str, find: str, replace: str) -> Path:
     text = path.read_text()
     assert find in text, f"mutation target not found in {file}: {find!r}"
     path.write_text(text.replace(find, replace, 1))
+    unasync = _unasync()
+    for src, dst in unasync.FILES:  # a mutated asyncio source: its generated sync module too
+        if src == file:
+            (tmp / dst).write_text(unasync.unasync(path.read_text(), src, set()))
     return root
+
+
+@functools.cache
+def _unasync():
+    """scripts/unasync.py, the generator of the sync modules."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("unasync", TESTS.parent / "scripts" / "unasync.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
 def _run(root: Path, test_file: str | list[str], expr: str, engines: str = "fakeredis") -> SimpleNamespace:

@@ -1,4 +1,4 @@
-"""What the integrations share: one source for each fact, sync and async side by side.
+"""What the integrations share: one source for each fact.
 
 Here, where a call runs and ``log``:
 
@@ -19,9 +19,16 @@ Here, where a call runs and ``log``:
 The rest, each in its own module and each building only on the ones before it:
 
 * ``_prices``: prices and usage (``PRICES``, ``cost_of``, ``UsageTracker``, ``tokens_of``);
-* ``_streams``: rounds that outlive the call and the streams that hold them (``HeldRound``,
-  ``RoundStream`` and their managers, sync and async);
-* ``_sdk``: SDK calls (``Calls``, ``AsyncCalls``, ``SDKProxy``, ``wrap_client``, ``check_pair``).
+* ``_primitives``: what really differs between the asyncio and the sync flavour;
+* ``_streams``: a stream's progress; ``_streams_async``: rounds that outlive the call and the
+  streams that hold them (``AsyncHeldRound``, ``AsyncRoundStream``, its manager);
+* ``_calls``: what the runners share (``CallsBase``, ``check_pair``); ``_calls_async``: SDK
+  calls (``AsyncCalls``);
+* ``_sdk``: the SDK proxies (``SDKProxy``, ``wrap_client``);
+* ``_http`` and ``_httpx_async``: the httpx transports (``httpx`` builds the concrete classes).
+
+Each ``*_async`` module is the source of a ``*_sync`` one (``HeldRound``, ``RoundStream``,
+``Calls``, the sync transport) that ``scripts/unasync.py`` generates from it.
 """
 from __future__ import annotations
 

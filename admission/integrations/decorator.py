@@ -31,7 +31,9 @@ import uuid
 from typing import Any, Callable, TypeVar
 
 from ._common import context
-from ._sdk import check_pair
+from ._calls import check_pair
+from ..aio import AsyncAdmission
+from ..client import Admission
 from ..errors import BadArgument
 
 __all__ = ["admitted"]
@@ -51,7 +53,8 @@ def admitted(adm_or_getter: Any, *, lane: str | None, model: str,
 
     def admission(is_async: bool) -> Any:
         adm = adm_or_getter if hasattr(adm_or_getter, "round") else adm_or_getter()
-        check_pair(adm, is_async, "an async function" if is_async else "a plain function")
+        check_pair(adm, AsyncAdmission if is_async else Admission,
+                   "an async function" if is_async else "a plain function")
         return adm
 
     def ask(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,140 @@
+"""SDK calls (asyncio: the source of ``_calls_sync.py``, which ``scripts/unasync.py`` generates
+from it): an SDK client's admitted methods run through the admission.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import Any, Callable
+
+from ._calls import CallsBase, received_of
+from ._common import Ask, ask_for, charge_key, is_load, joinable, log, pop_call_args
+from ._prices import PRICES, _get, cost_of
+from ._streams_async import AsyncHeldRound, AsyncRoundStream, AsyncRoundStreamManager
+from ..classify import RATE_LIMITED, retry_after_of
+from ..errors import AdmissionError
+
+
+class AsyncCalls(CallsBase):
+    """Runs an SDK client's admitted methods."""
+
+    def bind(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        """``method`` (an SDK's create / parse), admitted."""
+        @functools.wraps(method)
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await self.run(method, args, kwargs)
+        return call
+
+    async def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        given = pop_call_args(kwargs)
+        stream = kwargs.get("stream") is True
+        handle = joinable(self.adm, self.settings, given)
+        if handle is not None:
+            return await self._joined(handle, self._call_pool(given, kwargs.get("model")), fn, args, kwargs, stream)
+        ask = ask_for(self.settings, given, kwargs.get("model"), kwargs)
+        for attempt in itertools.count():
+            try:
+                return await self._admitted(ask, fn, args, kwargs, stream)
+            except Exception as exc:
+                if not self._retry(exc, attempt, ask):
+                    raise
+
+    def manager(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> AsyncRoundStreamManager:
+        given = pop_call_args(kwargs)
+
+        async def start() -> tuple[Any, Any, Callable[..., Any]]:
+            handle = joinable(self.adm, self.settings, given)
+            if handle is not None:
+                pool = self._call_pool(given, kwargs.get("model"))
+                inner = fn(*args, **kwargs)
+                try:
+                    stream = await inner.__aenter__()
+                except Exception as exc:
+                    await self.report_load(handle, pool, exc)
+                    raise
+                return inner, stream, functools.partial(self._end_joined, handle, pool), None
+            ask = ask_for(self.settings, given, kwargs.get("model"), kwargs)
+            for attempt in itertools.count():
+                held = AsyncHeldRound(self.round_for(ask))
+                r = await held.open()
+                try:
+                    inner = fn(*args, **self._kwargs(kwargs, ask, r))
+                    return (inner, await inner.__aenter__(), functools.partial(self._end_held, held),
+                            self.reporter(ask, r))
+                except BaseException as exc:
+                    await held.close(exc)
+                    if not (isinstance(exc, Exception) and self._retry(exc, attempt, ask)):
+                        raise
+            raise AssertionError("unreachable")
+
+        return AsyncRoundStreamManager(start)
+
+    async def _admitted(self, ask: Ask, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
+                        stream: bool) -> Any:
+        if stream:
+            held = AsyncHeldRound(self.round_for(ask))
+            r = await held.open()
+            try:
+                result = await fn(*args, **self._kwargs(kwargs, ask, r))
+            except BaseException as exc:
+                await held.close(exc)
+                raise
+            return AsyncRoundStream(result, functools.partial(self._end_held, held), self.reporter(ask, r))
+        async with self.round_for(ask) as r:
+            result = await fn(*args, **self._kwargs(kwargs, ask, r))
+            r.cost_usd = await self.cost(r.decision.config_version, r.pool, _get(result, "usage"))
+            r.received = received_of(ask, _get(result, "usage"))
+            return result
+
+    async def _end_held(self, held: AsyncHeldRound, exc: BaseException | None, stream: AsyncRoundStream) -> None:
+        r = held.handle
+        try:
+            r.received = stream.meter.received(stream.usage)
+            r.cost_usd = await self.cost(r.decision.config_version, r.pool, stream.usage.usage())
+        finally:
+            await held.close(exc)
+
+    async def _joined(self, handle: Any, pool: str | None, fn: Callable[..., Any], args: tuple,
+                      kwargs: dict[str, Any], stream: bool) -> Any:
+        try:
+            result = await fn(*args, **kwargs)
+        except Exception as exc:
+            await self.report_load(handle, pool, exc)
+            raise
+        if stream:
+            return AsyncRoundStream(result, functools.partial(self._end_joined, handle, pool))
+        await self.charge(handle, pool, _get(result, "usage"), charge_key(result))
+        return result
+
+    async def _end_joined(self, handle: Any, pool: str | None, exc: BaseException | None,
+                          stream: AsyncRoundStream) -> None:
+        await self.charge(handle, pool, stream.usage.usage(), charge_key(stream.inner))
+        if isinstance(exc, Exception):
+            await self.report_load(handle, pool, exc)
+
+    async def report_load(self, handle: Any, pool: str | None, exc: Any) -> None:
+        if pool == handle.pool and is_load(exc):
+            try:
+                await handle.report(RATE_LIMITED, retry_after=retry_after_of(exc))
+            except AdmissionError as err:  # the call's own error is what the caller must see
+                log.warning("joined_report_failed", round=handle.seat.id, error=str(err))
+
+    async def charge(self, handle: Any, pool: str | None, usage: Any, key: str) -> None:
+        cost = await self.cost(handle.decision.config_version, pool, usage) if pool else None
+        if cost:
+            try:
+                await handle.charge(cost, key=key)
+            except AdmissionError as err:
+                log.warning("joined_charge_failed", round=handle.seat.id, key=key, error=str(err))
+
+    async def cost(self, version: int, pool: str, usage: Any) -> float | None:
+        if usage is None:
+            return None
+        table = PRICES.get(self.adm, version)
+        if table is None:
+            try:
+                table = PRICES.keep(self.adm, await self.adm.policy())
+            except Exception as exc:  # noqa: BLE001 - no price is no cost, never a failed call
+                log.warning("price_lookup_failed", pool=pool, error=repr(exc))
+                return None
+        return cost_of(table.get(pool), usage)

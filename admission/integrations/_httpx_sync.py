@@ -1,0 +1,110 @@
+# GENERATED from admission/integrations/_httpx_async.py by scripts/unasync.py: do not edit by hand.
+# Edit admission/integrations/_httpx_async.py and run `python scripts/unasync.py` (tests/test_unasync.py fails while this is stale).
+"""The httpx transports (asyncio: the source of ``_httpx_sync.py``, which ``scripts/unasync.py``
+generates from it): each request one round, which ends when its response body is closed. The
+concrete classes, over httpx or httpx2, are built in ``httpx.py``.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from ._calls import check_pair, received_of
+from ._calls_sync import Calls
+from ._common import Ask, Settings, charge_key, joinable
+from ._http import PoolSpec, Verdict, _ask_of, _Route, _Tee
+from ._streams_sync import HeldRound
+from ..client import Admission
+
+
+class RoundBody:
+    """A response body whose round ends when it is closed (``end(raw_body, exc)``, once)."""
+
+    def __init__(self, inner: Any, end: Callable[..., Any]):
+        self._inner, self._end, self._tee, self._ended = inner, end, _Tee(), False
+
+    def __iter__(self) -> Any:
+        try:
+            for chunk in self._inner:
+                self._tee.add(chunk)
+                yield chunk
+        except GeneratorExit:
+            raise  # the reader stopped early: close() ends the round
+        except BaseException as exc:
+            self._finish(exc)
+            raise
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            self._finish(None)
+
+    def _finish(self, exc: BaseException | None) -> None:
+        if not self._ended:
+            self._ended = True
+            self._end(self._tee.body(), exc)
+
+
+class RoundTransport:
+    """Each request one round (see the module's docstring), with ``Admission``:
+    ``AdmissionTransport``."""
+
+    _hx: Any = None  # the httpx module the concrete class is built over
+    _Body: Any = None
+
+    def __init__(self, adm: Any, *, lane: str | None = None, pool: PoolSpec = None, provider: str | None = None,
+                 inner: Any = None, timeout: float = 600.0, join: bool = True, declare_budget: bool = False):
+        check_pair(adm, Admission, "AdmissionTransport")
+        self._calls = Calls(adm, Settings(lane=lane, provider=provider, retries=0, timeout=timeout, join=join,
+                                          declare_budget=declare_budget))
+        self._route = _Route(pool, provider)
+        self._inner = inner if inner is not None else self._hx.HTTPTransport()
+
+    def handle_request(self, request: Any) -> Any:
+        calls = self._calls
+        if self._route.pool is None or calls.settings.declare_budget:
+            request.read()  # the model (or the answer budget) is in the body
+        pool, model = self._route.pool_of(request)
+        handle = joinable(calls.adm, calls.settings, {})
+        if handle is not None:
+            response = self._inner.handle_request(request)
+            return self._watch(response, functools.partial(self._end_joined, handle, pool, response))
+        ask = _ask_of(calls.settings, pool, model, request)
+        held = HeldRound(calls.round_for(ask))
+        r = held.open()
+        try:
+            response = self._inner.handle_request(self._route.moved(request, r.pool, pool, model))
+        except BaseException as exc:
+            held.close(exc)
+            raise
+        return self._watch(response, functools.partial(self._end_held, held, ask, response))
+
+    def _watch(self, response: Any, end: Callable[..., Any]) -> Any:
+        response.stream = self._Body(response.stream, end)
+        return response
+
+    def _end_held(self, held: HeldRound, ask: Ask, response: Any, body: bytes | None,
+                  exc: BaseException | None) -> None:
+        if exc is not None:
+            held.close(exc)
+            return
+        r = held.handle
+        try:
+            verdict = Verdict.of(response.status_code, response.headers, body)
+            r.outcome, r.retry_after = verdict.outcome, verdict.retry_after
+            r.received = received_of(ask, verdict.usage)
+            r.cost_usd = self._calls.cost(r.decision.config_version, r.pool, verdict.usage)
+        finally:
+            held.close(None)
+
+    def _end_joined(self, handle: Any, pool: str, response: Any, body: bytes | None,
+                    exc: BaseException | None) -> None:
+        if exc is not None:
+            return  # a broken body is the caller's error, not load
+        verdict = Verdict.of(response.status_code, response.headers, body)
+        self._calls.charge(handle, pool, verdict.usage, charge_key(response))
+        self._calls.report_load(handle, pool, verdict.view)
+
+    def close(self) -> None:
+        self._inner.close()
