@@ -183,7 +183,8 @@ def _type_names(x: Any) -> frozenset[str]:
     return frozenset(t.__name__ for t in type(x).__mro__) if isinstance(x, BaseException) else frozenset()
 
 
-def _text(v: Any) -> str | None:
+def source_text(v: Any) -> str | None:
+    """One text source as the regexes see it: bytes decoded, a body as JSON, capped."""
     if v is None:
         return None
     if isinstance(v, bytes):
@@ -208,7 +209,7 @@ def text_of(x: Any) -> str:
             pass
     if isinstance(x, BaseException):
         parts.append(str(x))
-    return "\n".join(t for t in map(_text, parts) if t)
+    return "\n".join(t for t in map(source_text, parts) if t)
 
 
 def rule_for(x: Any) -> Rule:

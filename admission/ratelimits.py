@@ -58,7 +58,6 @@ without ``.0``). A reading with nothing in it encodes as the empty string.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -69,6 +68,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from ._log import get_logger
+from .classify import source_text
 from .errors import BadArgument
 
 log = get_logger("admission.ratelimits")
@@ -80,7 +80,6 @@ FUTURE_CAP_S = 2 * 86_400.0  # a reset or retry-after further out is a mistake, 
 ANTHROPIC_TOKEN_ROUNDING = 1000.0
 WIRE_VERSION = "1"
 _WINDOWS = {"minute": ("rpm", "tpm"), "day": ("rpd", "tpd")}
-_TEXT_CAP = 8192
 _LITELLM_PREFIX = "llm_provider-"
 
 
@@ -310,16 +309,8 @@ def _named_ceiling(text: str) -> str | None:
 
 
 def _text(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, bytes):
-        v = v.decode("utf-8", "replace")
-    if not isinstance(v, str):
-        try:
-            v = json.dumps(v, default=str) if isinstance(v, (Mapping, list, tuple)) else str(v)
-        except (TypeError, ValueError):
-            return ""
-    return v[:_TEXT_CAP]
+    """An error's text as the classifier reads it (bytes decoded, a body as JSON, capped)."""
+    return source_text(v) or ""
 
 
 def _status(v: Any) -> int | None:
