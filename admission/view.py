@@ -109,6 +109,36 @@ def plane_text(pl: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def ceiling_text(c: Mapping[str, Any]) -> str:
+    """A rate-ceiling scope in one line (the text's and the page's): each limit's level of its
+    effective ceiling (configured, learned from the headers), what the rounds in flight reserved,
+    the use over the last minute, the wait of the next round, the refusals and the accuracy."""
+    limits = []
+    for l in c.get("limits") or []:
+        src = "/".join(f"{k} {_num(l[k])}" for k in ("configured", "learned") if l.get(k) is not None)
+        level = f"{_num(round(l['level']))}/" if l.get("level") is not None else ""
+        held = " HELD" if l.get("heldUntil") else ""
+        limits.append(f"{l['limit']} {level}{_num(round(l['effective']))} ({src}){held}")
+    used = c.get("usedLastMinute") or {}
+    parts = [", ".join(limits) or "no limit",
+             f"in flight {c.get('reservedRequests', 0)} req {_num(round(c.get('reservedTokens', 0)))} tok",
+             f"last minute {_num(round(used.get('requests', 0)))} req {_num(round(used.get('tokens', 0)))} tok",
+             f"next in {c.get('waitSeconds', 0):.1f}s"]
+    refusals = c.get("refusals") or {}
+    if refusals:
+        parts.append("refused " + " ".join(f"{k.removeprefix('ceiling-')} {v}" for k, v in sorted(refusals.items())))
+    acc = c.get("accuracy")
+    if acc:
+        parts.append(f"counted/reserved median {acc['median']:.2f} p95 {acc['p95']:.2f} (n {acc['samples']})")
+    reading = c.get("reading")
+    if reading:
+        parts.append(f"header read {reading.get('ageSeconds', 0):.0f}s ago")
+    if c.get("closedUntil"):
+        parts.append(f"CLOSED ({c.get('closedWhy')}) until "
+                     f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(c['closedUntil']))}Z")
+    return "; ".join(parts)
+
+
 def render_census(doc: dict[str, Any]) -> str:
     """``admission census``: the census as text (see census_lines)."""
     return "\n".join(census_lines(doc))
@@ -152,6 +182,8 @@ def census_lines(doc: Mapping[str, Any], done: Mapping[str, int] | None = None) 
         if p["mustYield"]:
             yielders = ", ".join(f"{y['lane']} ({y['borrowed']})" for y in p["mustYield"])
             lines.append(f"    must yield at their next round: {yielders}; owed {p['owed']}")
+    for c in doc.get("ceilings") or []:  # the rate ceilings: one line per scope
+        lines.append(f"ceilings {c['scope']} ({', '.join(c.get('pools') or [])}): {ceiling_text(c)}")
     for s in doc["starving"]:
         if s["kind"] == "provider-closed":
             lines.append(f"STARVING provider-closed: {s['provider']} ({s['why']}) with {s['waiting']} waiting on "

@@ -24,7 +24,8 @@
     (config sweepAt) is not after the earliest lease; sized:<p> holds exactly the seats of p that
     declared a size (the cap line's index), and pool:<p> `sized` counts them; a seat that
     reserved against a rate-ceiling scope holds its reservation as counts (cIn, cOut >= 0), and
-    every bucket level of a scope of the policy (ceil:<scope>) is a number.
+    every bucket level of a scope of the policy (ceil:<scope>) is a number, and so are its read
+    model's use and accuracy counts (ceiluse.lua; the accuracy bins at least 0).
 
   Reply: JSON {ok, seats, tickets, problems: [{kind, ...}]} (kinds: seat-without-record,
     ticket-without-record, seat-not-leased, ticket-not-leased, bad-record, seat-and-ticket,
@@ -38,6 +39,8 @@
 --- @include "ceilings"
 local key, run = Util.key, Util.run
 local LIMITS = Ceilings.LIMITS
+-- the read model's counts in a scope's hash (ceiluse.lua), besides acc:<bin> and accN
+local USE_FIELDS = {useMin = true, useReq = true, useTok = true, prevReq = true, prevTok = true}
 local earliest_lease, read_hash = Seats.earliest_lease, Seats.read_hash
 
 return function()
@@ -294,6 +297,17 @@ return function()
     for _, l in ipairs(LIMITS) do
       local v = h[l] and tonumber(h[l])
       if h[l] and (not v or v ~= v) then problem('not-a-number', {key = 'ceil:' .. name, field = l, value = h[l]}) end
+    end
+    local counts = {}
+    for f in pairs(h) do
+      if USE_FIELDS[f] or string.match(f, '^acc') then counts[#counts + 1] = f end
+    end
+    table.sort(counts)
+    for _, f in ipairs(counts) do
+      local v = tonumber(h[f])
+      if not v or v ~= v or (string.match(f, '^acc') and v < 0) then
+        problem('not-a-number', {key = 'ceil:' .. name, field = f, value = h[f]})
+      end
     end
   end
 

@@ -45,6 +45,8 @@ TOTALS = {
 POOL = ("mesh", "pool", "provider")
 LANE = ("mesh", "pool", "lane")
 PLANE = ("mesh", "pool")
+SCOPE = ("mesh", "scope")
+CEIL = ("mesh", "scope", "limit")
 GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
     "admission_census_up": (("mesh",), "1 when the census of the mesh could be read, else 0."),
     "admission_census_age_seconds": (("mesh",), "Seconds since the census served was built."),
@@ -88,7 +90,19 @@ GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
     "admission_plane_health_ok": (PLANE, "1 when the plane's last health sample said ok."),
     "admission_plane_health_fresh": (PLANE, "1 when the plane's last health sample still counts."),
     "admission_starving": (("mesh", "kind", "pool", "lane"), "Starvation signals of the census, by kind."),
+    "admission_ceiling_limit": (("mesh", "scope", "limit", "source"), "A rate ceiling per minute or per day: configured, learned from the provider's headers, or effective (min of both x headroom)."),
+    "admission_ceiling_level": (CEIL, "Requests or tokens left in the ceiling's bucket now (below 0: a debt that refills)."),
+    "admission_ceiling_capacity": (CEIL, "Most the ceiling's bucket holds."),
+    "admission_ceiling_held": (CEIL, "1 while the provider's 429 holds the ceiling's bucket empty until its reset, else 0."),
+    "admission_ceiling_reserved": (("mesh", "scope", "unit"), "Requests and tokens reserved by the scope's rounds in flight."),
+    "admission_ceiling_used_last_minute": (("mesh", "scope", "unit"), "Requests and tokens the scope's buckets were debited over the last minute."),
+    "admission_ceiling_wait_seconds": (SCOPE, "Seconds until a one-request round of the scope's mean size could pass (0: now)."),
+    "admission_ceiling_closed": (SCOPE, "1 while a daily ceiling closes the scope's pools until midnight UTC, else 0."),
+    "admission_ceiling_reading_age_seconds": (SCOPE, "Age of the last reading of the provider's rate-limit headers (absent: none)."),
+    "admission_ceiling_reservation_accuracy": (("mesh", "scope", "quantile"), "Counted / reserved tokens of the scope's recent releases, by quantile (0.5, 0.95)."),
+    "admission_ceiling_reservation_samples": (SCOPE, "Releases the reservation accuracy is measured over."),
 }
+CEILING_REFUSALS = ("admission_ceiling_refusals", "Rounds refused on a rate ceiling of the scope, by ceiling, ever.")
 POOL_COUNTERS = {
     "admission_pool_moved_in": ("movedIn", "Rounds moved onto the pool from another, ever."),
     "admission_pool_moved_out": ("movedOut", "Rounds moved off the pool to another, ever."),
@@ -110,6 +124,7 @@ class CensusCollector:
                          for name, (_field, doc) in POOL_COUNTERS.items()}
         totals = {kind: P.CounterMetricFamily(name, doc, labels=["mesh", *labels])
                   for kind, (name, labels, doc) in TOTALS.items()}
+        refusals = P.CounterMetricFamily(CEILING_REFUSALS[0], CEILING_REFUSALS[1], labels=["mesh", "scope", "ceiling"])
         for mesh in self.meshes:
             snap = self.source.snapshot(mesh)
             gauges["admission_census_up"].add_metric([mesh], 0.0 if snap.census is None else 1.0)
@@ -118,6 +133,7 @@ class CensusCollector:
             gauges["admission_census_age_seconds"].add_metric(
                 [mesh], max(0.0, self.source.clock() - snap.fetched))
             self._census(mesh, snap.census, gauges, pool_counters)
+            _ceilings(mesh, snap.census, gauges, refusals)
             for field, count in sorted((snap.totals or {}).items()):
                 kind, _, rest = field.partition("|")
                 family = totals.get(kind)
@@ -130,6 +146,7 @@ class CensusCollector:
                 family.add_metric([mesh, *values], float(count))
         yield from gauges.values()
         yield from pool_counters.values()
+        yield refusals
         yield from totals.values()
 
     @staticmethod
@@ -187,6 +204,38 @@ class CensusCollector:
             starving[k] = starving.get(k, 0) + 1
         for (kind, pool, lane), n in sorted(starving.items()):
             g["admission_starving"].add_metric([mesh, kind, pool, lane], float(n))
+
+
+def _ceilings(mesh: str, doc: dict[str, Any], g: dict[str, Any], refusals: Any) -> None:
+    """The rate-ceiling scopes of the census (ceilcensus.lua)."""
+    for c in doc.get("ceilings") or []:
+        scope = str(c.get("scope"))
+        sl = [mesh, scope]
+        for lim in c.get("limits") or []:
+            name = str(lim.get("limit"))
+            for source in ("configured", "learned", "effective"):
+                if lim.get(source) is not None:
+                    g["admission_ceiling_limit"].add_metric([mesh, scope, name, source], _num(lim[source]))
+            if lim.get("level") is not None:
+                g["admission_ceiling_level"].add_metric([mesh, scope, name], _num(lim["level"]))
+                g["admission_ceiling_capacity"].add_metric([mesh, scope, name], _num(lim.get("capacity")))
+                g["admission_ceiling_held"].add_metric([mesh, scope, name], 1.0 if lim.get("heldUntil") else 0.0)
+        used = c.get("usedLastMinute") or {}
+        for unit, reserved, last in (("requests", c.get("reservedRequests"), used.get("requests")),
+                                     ("tokens", c.get("reservedTokens"), used.get("tokens"))):
+            g["admission_ceiling_reserved"].add_metric([*sl, unit], _num(reserved))
+            g["admission_ceiling_used_last_minute"].add_metric([*sl, unit], _num(last))
+        g["admission_ceiling_wait_seconds"].add_metric(sl, _num(c.get("waitSeconds")))
+        g["admission_ceiling_closed"].add_metric(sl, 1.0 if c.get("closedUntil") else 0.0)
+        if c.get("reading"):
+            g["admission_ceiling_reading_age_seconds"].add_metric(sl, _num(c["reading"].get("ageSeconds")))
+        acc = c.get("accuracy")
+        if acc:
+            g["admission_ceiling_reservation_accuracy"].add_metric([*sl, "0.5"], _num(acc.get("median")))
+            g["admission_ceiling_reservation_accuracy"].add_metric([*sl, "0.95"], _num(acc.get("p95")))
+            g["admission_ceiling_reservation_samples"].add_metric(sl, _num(acc.get("samples")))
+        for reason, n in sorted((c.get("refusals") or {}).items()):
+            refusals.add_metric([*sl, str(reason).removeprefix("ceiling-")], _num(n))
 
 
 def metrics_text(source: CensusSource, meshes: list[str], accept: str | None = None) -> tuple[bytes, str]:

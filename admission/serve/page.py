@@ -140,6 +140,33 @@ def _rows_providers(doc: dict[str, Any]) -> str:
     return "".join(rows) or '<tr class="none"><td colspan="5">no providers</td></tr>'
 
 
+def _rows_ceilings(doc: dict[str, Any]) -> str:
+    """One row per limit of each rate-ceiling scope; the scope's own figures on each of its rows
+    (its requests on a request limit, its tokens on a token limit)."""
+    rows = []
+    for c in doc.get("ceilings") or []:
+        used, acc, reading = c.get("usedLastMinute") or {}, c.get("accuracy"), c.get("reading")
+        refused = c.get("refusals") or {}
+        for lim in c.get("limits") or []:
+            name = str(lim.get("limit"))
+            requests = name in ("rpm", "rpd") or "request" in name
+            in_flight = c.get("reservedRequests") if requests else c.get("reservedTokens")
+            last = used.get("requests") if requests else used.get("tokens")
+            level = lim.get("level")
+            cells = [c.get("scope"), ", ".join(c.get("pools") or []), name,
+                     f"{_fmt(lim.get('configured'))} / {_fmt(lim.get('learned'))}", _fmt(_num(lim.get("effective"))),
+                     "–" if level is None else f"{_fmt(float(round(_num(level))))} of {_fmt(lim.get('capacity'))}"
+                     + (" (held)" if lim.get("heldUntil") else ""),
+                     _fmt(float(round(_num(in_flight)))), _fmt(float(round(_num(last)))),
+                     f"{_num(c.get('waitSeconds')):.1f}s" + (" (closed)" if c.get("closedUntil") else ""),
+                     _fmt(refused.get(f"ceiling-{name}", 0)),
+                     f"{_num(acc.get('median')):.2f} / {_num(acc.get('p95')):.2f}" if acc else "–",
+                     f"{_num(reading.get('ageSeconds')):.0f}s ago" if reading else "–"]
+            klass = "closed" if c.get("closedUntil") else ("held" if lim.get("heldUntil") else None)
+            rows.append(_row(cells, data_scope=c.get("scope"), data_limit=name, **{"class": klass}))
+    return "".join(rows) or '<tr class="none"><td colspan="12">no rate ceilings</td></tr>'
+
+
 def _items_starving(doc: dict[str, Any]) -> str:
     items = [_item(_starving_text(s), data_kind=s.get("kind"), data_pool=s.get("pool"), data_lane=s.get("lane"),
                    data_provider=s.get("provider")) for s in doc.get("starving", [])]
@@ -179,7 +206,7 @@ def render_page(mesh: str, meshes: list[str], doc: dict[str, Any] | None, error:
         mesh=_e(mesh), mesh_query=_e(quote(mesh, safe="")), nav=nav, nonce=_attrs(nonce=nonce or None),
         updated=_e(_updated(doc, error)), poll_seconds=POLL_MS // 1000,
         updated_attrs=_attrs(data_at=d.get("at"), **{"class": "stale" if doc is None else None}),
-        pools=_rows_pools(d), lanes=_rows_lanes(d), providers=_rows_providers(d),
+        pools=_rows_pools(d), lanes=_rows_lanes(d), providers=_rows_providers(d), ceilings=_rows_ceilings(d),
         starving=_items_starving(d), must_yield=_items_must_yield(d), css=_static("page.css"),
         script=_static("page.js"),
         initial=_script_json({"mesh": mesh, "census": doc, "pollMs": POLL_MS, "historyPoints": HISTORY_POINTS}))

@@ -18,12 +18,16 @@
 --                     the reservation the admit debited: its scope, input and output tokens
 --                     reserved, and the answer budget declared ('' = none); the release
 --                     reconciles it once (the seat's tombstone makes a replay count nothing)
+--   useMin useReq useTok prevReq prevTok acc:<bin> accN
+--                     the use per minute and the reservation accuracy, for the read model (ceiluse.lua)
 -- Buckets: a per-minute one refills limit x headroom / 60 per second; its capacity is burst_s
 -- seconds of rate for requests (at least one request) and one minute's worth for tokens. A
 -- daily one holds limit x headroom and is full again at 00:00 UTC. A round needs min(cost,
 -- capacity) of each: a round larger than a bucket passes when the bucket is full.
+--- @include "ceiluse"
 --- @include "events"
 --- @include "util"
+local sample, tally = Ceiluse.sample, Ceiluse.tally
 local count, event = Events.count, Events.event
 local fmt, key = Util.fmt, Util.key
 
@@ -55,7 +59,7 @@ local function load_scope(cfg, name, now)
   local at = tonumber(h.at) or now
   local b = {name = name, c = c, now = now, day = day, level = {}, rate = {}, cap = {}, hold = {},
     meanIn = tonumber(h.meanIn), meanOut = tonumber(h.meanOut), n = tonumber(h.n) or 0,
-    closedUntil = tonumber(h.closedUntil) or 0, why = h.why or ''}
+    closedUntil = tonumber(h.closedUntil) or 0, why = h.why or '', h = h, extra = {}}
   for _, l in ipairs(LIMITS) do
     if c[l] then
       local rate, cap = shape(c, l)
@@ -139,6 +143,8 @@ local function save_levels(b)
     args[#args + 1] = l
     args[#args + 1] = fmt(v)
   end
+  for _, v in ipairs(b.extra) do args[#args + 1] = v end -- the read model's (ceiluse.lua)
+  b.extra = {}
   redis.call('HSET', key('ceil', b.name), unpack(args))
 end
 
@@ -146,6 +152,7 @@ end
 -- bucket left without one more request (or any token) closes the scope now.
 local function debit(b, res)
   for l, v in pairs(b.level) do b.level[l] = v - cost(l, res) end
+  tally(b, 1, res.inp + res.out)
   save_levels(b)
   if b.level.rpd and b.level.rpd + EPS < 1 then close_scope(b, 'rpd')
   elseif b.level.tpd and b.level.tpd <= EPS then close_scope(b, 'tpd') end
@@ -187,6 +194,8 @@ local function reconcile(cfg, s, u, now)
   local w = math.max(1 / b.n, MEAN_WEIGHT)
   b.meanIn = b.meanIn and b.meanIn + w * (inp - b.meanIn) or inp
   b.meanOut = b.meanOut and b.meanOut + w * (out - b.meanOut) or out
+  tally(b, 0, res.inp + res.out)
+  sample(b, inp + out, (tonumber(s.cIn) or 0) + (tonumber(s.cOut) or 0))
   save_levels(b)
   redis.call('HSET', key('ceil', scope), 'meanIn', fmt(b.meanIn), 'meanOut', fmt(b.meanOut), 'n', fmt(b.n))
 end

@@ -9,8 +9,10 @@
 -- closed providers first, then lanes below their floor and hard-pinned rounds waiting longer than
 -- starved_after (kind `pinned`); plane (absent: no fence settings and no health sample): depth,
 -- depthLimit, retriesLeft, retryBudget, healthRequired, healthAgeSeconds, healthOk, healthFresh,
--- healthMaxAge.
+-- healthMaxAge; ceilingScope (absent: no rate ceilings). Per rate-ceiling scope, the document's
+-- `ceilings` list (ceilcensus.lua).
 -- Arrays that can be empty are encoded by cjson as {} on some engines: readers treat {} as [].
+--- @include "ceilcensus"
 --- @include "config"
 --- @include "decide"
 --- @include "fence"
@@ -18,6 +20,7 @@
 --- @include "pool"
 --- @include "provider"
 --- @include "util"
+local ceilings_view = Ceilcensus.ceilings_view
 local catalog, check_pool = Config.catalog, Config.check_pool
 local in_a_row, plan, rivals = Decide.in_a_row, Decide.plan, Decide.rivals
 local load_plane, plane_view = Fence.load_plane, Fence.plane_view
@@ -105,10 +108,10 @@ local function census_pool(cfg, T, pool, now, day, starving, p, L, in_flight)
     budgetSpentUsd = bud and bud.spent / 1e6 or nil, budgetLimitUsd = bud and bud.limit / 1e6 or nil,
     budgetAt = bud and bud.at or nil, committedUsd = bud and bud.committed / 1e6 or nil,
     alternatives = cfg.moves.alts[pool] or {}, moved = p.moved, movedIn = p.movedIn, movedOut = p.movedOut,
-    hardPinned = hard_pinned, plane = plane_view(load_plane(cfg, pool, now), p.waiting, now)}
+    hardPinned = hard_pinned, ceilingScope = cfg.scope_of[pool], plane = plane_view(load_plane(cfg, pool, now), p.waiting, now)}
 end
 
-local EMPTY_LISTS = {'pools', 'starving', 'lanes', 'mustYield', 'alternatives'}
+local EMPTY_LISTS = {'pools', 'starving', 'lanes', 'mustYield', 'alternatives', 'ceilings', 'limits'}
 local function build_census(cfg, now)
   local day = utc_day(now)
   local pools, starving, loaded = {}, {}, {}
@@ -137,7 +140,7 @@ local function build_census(cfg, now)
   for _, s in ipairs(rest) do first[#first + 1] = s end
   starving = first
   local doc = cjson.encode({mesh = string.match(PREFIX, '{(.*)}'), at = now, configVersion = cfg.version,
-    pools = pools, starving = starving})
+    pools = pools, starving = starving, ceilings = ceilings_view(cfg, now)})
   -- cjson writes an empty table as {}: the lists of the document stay lists for `redis-cli GET`
   -- readers (a name never holds a quote, so these strings are only ever these keys)
   for _, list in ipairs(EMPTY_LISTS) do doc = string.gsub(doc, '"' .. list .. '":{}', '"' .. list .. '":[]') end

@@ -6,7 +6,7 @@
   "use strict";
   const init = JSON.parse(document.getElementById("initial").textContent);
   const mesh = init.mesh, storeKey = "admission-history:" + mesh;
-  const PARTS = ["pools", "lanes", "providers", "starving", "must-yield"];
+  const PARTS = ["pools", "lanes", "providers", "ceilings", "starving", "must-yield"];
   let history = {}, polls = 0, lastAt = null;
   try { history = JSON.parse(sessionStorage.getItem(storeKey) || "{}") || {}; } catch (e) { history = {}; }
 
