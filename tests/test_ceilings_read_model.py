@@ -106,6 +106,14 @@ def test_the_wait_is_the_next_mean_round_s_and_a_closure_s(redis_client):
     assert scope(census(a, T0 + 0.5))["refusals"] == {"ceiling-tpm": 1}
 
 
+def test_the_wait_is_the_longest_bucket_s(redis_client):
+    a = adm(redis_client, pol=ceil_policy({"rpm": 1, "tpm": 6000}))     # one request a minute
+    d = Ask(a)(T0, input_tokens=5000, max_tokens=0)
+    a.release(d.seat, now=T0, usage={"input_tokens": 5000, "output_tokens": 0})
+    # the request bucket refills in 60 s, the token one's 4,000 short in 40 s
+    assert scope(census(a, T0))["waitSeconds"] == pytest.approx(60)
+
+
 def test_a_closed_scope_waits_until_midnight(redis_client):
     a = adm(redis_client, pol=ceil_policy({"rpd": 1}))
     ask = Ask(a)
