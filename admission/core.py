@@ -15,7 +15,6 @@ from typing import Any, Iterable, Mapping
 
 import redis
 
-from . import ratelimits
 from .alternatives import alternatives as alternatives_of
 from .codes import FENCE_REASONS, OUTCOMES, REPORT_SIGNALS, UNAVAILABLE, Status
 from .errors import BadArgument, BadName, ScriptError, from_reply, without_location
@@ -307,11 +306,12 @@ MAX_READING_AT = 1e11
 READINGS_MARKER = "~r"
 
 
-def _reading(reading: "ratelimits.Reading | str | None") -> str:
+def _reading(reading: Any) -> str:
     """A rate-limit reading for the wire ('' = none): a ``ratelimits.Reading``, or its encoding (a
     ledger record keeps that), checked as the Lua checks it."""
     if reading is None or reading == "":
         return ""
+    from . import ratelimits  # only once a reading comes: `import admission` does not load it
     if isinstance(reading, ratelimits.Reading):
         reading = ratelimits.encode(reading)
     if not isinstance(reading, str):
@@ -521,7 +521,7 @@ class Core(MeshCalls):
                 cost_usd: float | None = None, now: float | None = None, at: float | None = None,
                 retry_after: float | None = None, received: float | None = None,
                 usage: "Usage | Mapping[str, float] | None" = None, ceiling: str | None = None,
-                reset_s: float | None = None, reading: "ratelimits.Reading | str | None" = None) -> Call:
+                reset_s: float | None = None, reading: Any = None) -> Call:
         """``at``: when the round ended (its cost's UTC day; a replay from the outbox keeps it).
         ``retry_after``: the provider's Retry-After (s) with a rate_limited outcome: pauses the pool.
         ``received``: the tokens the round received in all (a declared round's last point of the
