@@ -535,13 +535,12 @@ class Core(MeshCalls):
         if outcome not in OUTCOMES:
             raise BadArgument(f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
         u = Usage.of(usage)
-        spent = _ceiling_args(outcome, ceiling, reset_s)
         text = _reading(reading)
         args = [seat.id, str(seat.seq), self.pod, outcome, _seconds(seconds), _money(cost_usd), _now(now),
                 _epoch("at", at), _retry_after(retry_after), _received_total(received),
-                *(u.args() if u else ["", "", "", ""]), *spent]
+                *(u.args() if u else ["", "", "", ""]), *_ceiling_args(outcome, ceiling, reset_s)]
         if text:  # ARGV[17]; a release without a reading is the call an older library takes
-            args += [*([] if spent else ["", ""]), text]
+            args.append(text)
 
         def decode(r):
             stats = (float(r[4]), float(r[5]), float(r[6]) / 1e6) if r[4] else None
