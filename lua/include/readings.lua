@@ -9,6 +9,8 @@
 -- `remaining` at `at`; the rounds this mesh admitted since are debited from our level but not
 -- from that count, and the refill since `at` is not credited either: within FRESH_S the two
 -- offset each other up to the refill rate, and the next reading corrects the rest.
+-- A reading's retry-after (ra) and spent ceiling (sp) are checked but not used here: the
+-- release's ARGV[9] and its `ceiling` outcome carry them.
 --- @include "codes"
 --- @include "util"
 --- @include "ceilings"
