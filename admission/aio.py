@@ -48,9 +48,12 @@ class AsyncRound(RoundBase):
         """Book a cost mid-round (a long round's steps), once per ``key``."""
         return await self._adm.charge(self.seat, cost_usd=cost_usd, key=key)
 
-    async def progress(self, tokens: float) -> Progress:
-        """The tokens this round has received so far (a declared round: the cap line's fit)."""
-        return await self._adm.progress([(self.seat, tokens)])
+    async def progress(self, tokens: float, reading: Any = None) -> Progress:
+        """The tokens this round has received so far (a declared round: the cap line's fit), with
+        the provider's rate-limit headers (``reading``, default the round's ``rate_reading``):
+        its scope learns from them as from the release's."""
+        reading = self.rate_reading if reading is None else reading
+        return await self._adm.progress([(self.seat, tokens, reading)] if reading is not None else [(self.seat, tokens)])
 
 
 class AsyncAdmission(ClientBase):
@@ -190,19 +193,20 @@ class AsyncAdmission(ClientBase):
         return await self._exec_or_raise(self.core.report(seat, signal=signal, now=now, retry_after=retry_after,
                                                           ceiling=ceiling, reset_s=reset_s))
 
-    async def progress(self, received: Iterable[tuple[Seat, float]], now: float | None = None) -> Progress:
+    async def progress(self, received: Iterable[tuple[Any, ...]], now: float | None = None) -> Progress:
         """The tokens each of this pod's running rounds has received so far, (seat, tokens) pairs
         in one call. A round that declared its size gives the cap line's fit a point for the
         stretch since its last report (design §4, refinement 5): a pool never measured has its
         line while its first rounds run. Report every 15 to 60 s of a streaming round, not per
         token. Seats that are not this pod's live ones come back in ``lost``; nothing is written
-        for them."""
+        for them. A (seat, tokens, reading) triple also carries the provider's rate-limit headers
+        (``ratelimits.Reading``): the seat's scope learns from them (design §5.9)."""
         return await self._exec_or_raise(self.core.progress(received, now=now))
 
     async def release(self, seat: Seat, *, outcome: str = "clean", seconds: float = 0.0,
                       cost_usd: float | None = None, now: float | None = None, at: float | None = None,
                       retry_after: float | None = None, received: float | None = None, usage: Any = None,
-                      ceiling: str | None = None, reset_s: float | None = None) -> Released:
+                      ceiling: str | None = None, reset_s: float | None = None, reading: Any = None) -> Released:
         """End a round: free the seat, count the outcome, book its cost (to the UTC day of ``at``,
         default now). Safe to retry after a lost reply.
         The pod stops renewing the seat first, whatever the answer: an ended round is never
@@ -210,14 +214,16 @@ class AsyncAdmission(ClientBase):
         pauses new admissions on the pool until then (at most the tunable retry_after_max).
         ``received``: the tokens the round received in all, when its declared size was an upper
         bound (an answer budget): the cap line's fit measures its last stretch with it.
+        ``reading``: the provider's rate-limit headers of the round's last response
+        (``ratelimits.Reading``): the pool's ceilings learn from them (design §5.9).
         When Redis cannot apply it now (unreachable, no policy yet) the release waits in the
         outbox and is replayed once, as a round's own; the answer then says ``queued``. A seat
         Redis no longer knows raises ``UnknownSeat``, its cost booked all the same."""
         call = self.core.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost_usd, now=now, at=at,
                                  retry_after=retry_after, received=received, usage=usage, ceiling=ceiling,
-                                 reset_s=reset_s)
+                                 reset_s=reset_s, reading=reading)
         record = release_record(seat, outcome, seconds, cost_usd, at, retry_after, received, usage=usage,
-                                ceiling=ceiling, reset_s=reset_s)
+                                ceiling=ceiling, reset_s=reset_s, reading=reading)
         return await self._end(record, call, now)
 
     async def charge(self, seat: Seat, *, cost_usd: float, key: str, at: float | None = None,

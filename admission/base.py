@@ -19,7 +19,7 @@ from . import policy as policy_mod
 from ._log import get_logger
 from .alternatives import Thompson
 from .codes import OUTCOMES, UNAVAILABLE
-from .core import (UNREACHABLE, Call, Core, Decision, Heartbeat, Seat, Usage, _ceiling_args, _money, _received_total,
+from .core import (UNREACHABLE, Call, Core, Decision, Heartbeat, Seat, Usage, _ceiling_args, _money, _reading, _received_total,
                    _retry_after)
 from .errors import BadArgument, NotYourSeat, RoundInProgress, Unavailable
 from .health import SamplerRun, samplers_from_policy
@@ -81,6 +81,9 @@ class RoundBase:
         self.usage: Any = None  # set to what the provider counted (core.Usage): the ceilings reconcile it
         self.ceiling: str | None = None  # set to the rate ceiling a 429 named as spent (rpm, tpm, ...)
         self.reset_s: float | None = None  # and the seconds until it resets
+        # set to the provider's rate-limit headers of the latest response (ratelimits.Reading):
+        # the exit's release (and progress) carries it, the ceilings learn from it
+        self.rate_reading: Any = None
         self._adm = adm
 
 
@@ -307,6 +310,11 @@ class ClientBase:
                     ceiling = reset_s = None
             except BadArgument as exc:
                 bad, ceiling, reset_s = exc, None, None
+        reading = getattr(handle, "rate_reading", None)
+        try:
+            _reading(reading)
+        except BadArgument as exc:
+            bad, reading = exc, None
         if outcome not in OUTCOMES:
             bad = BadArgument(f"round outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
             outcome = "error"
@@ -315,7 +323,7 @@ class ClientBase:
         if outcome == "ceiling" and ceiling is None:
             outcome = "rate_limited"  # no limit named: an ordinary 429
         return release_record(handle.seat, outcome, seconds, cost, retry_after=retry_after, received=received,
-                              usage=usage, ceiling=ceiling, reset_s=reset_s), bad
+                              usage=usage, ceiling=ceiling, reset_s=reset_s, reading=reading), bad
 
     def _server_time(self) -> float:
         """Now on the server's clock, as far as this pod's last heartbeat told it."""

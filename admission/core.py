@@ -296,6 +296,44 @@ def _received_total(tokens: float | None) -> str:
     return "" if tokens is None else _received(tokens)
 
 
+#: What the Lua takes of a rate-limit reading (lua/include/readings.lua): its length, a limit,
+#: remaining or rounding at most 1e12, a reset or retry-after at most two days, a time before 1e11.
+MAX_READING_TEXT = 1000
+MAX_READING_COUNT = 1e12
+MAX_READING_SECONDS = 2 * 86_400.0
+MAX_READING_AT = 1e11
+#: progress: the marker after the groups, before one reading per group (never a seat id)
+READINGS_MARKER = "~r"
+
+
+def _reading(reading: Any) -> str:
+    """A rate-limit reading for the wire ('' = none): a ``ratelimits.Reading``, or its encoding (a
+    ledger record keeps that), checked as the Lua checks it."""
+    if reading is None or reading == "":
+        return ""
+    from . import ratelimits  # only once a reading comes: `import admission` does not load it
+    if isinstance(reading, ratelimits.Reading):
+        reading = ratelimits.encode(reading)
+    if not isinstance(reading, str):
+        raise BadArgument(f"reading must be a ratelimits.Reading, got {type(reading).__name__}")
+    text = reading
+    if len(text) > MAX_READING_TEXT:
+        raise BadArgument(f"reading is longer than {MAX_READING_TEXT} characters")
+    decoded = ratelimits.decode(text)  # what the Lua will parse (a hand-made Reading's NaN too)
+    if decoded is None:
+        return ""
+    if not 0 <= decoded.at <= MAX_READING_AT:
+        raise BadArgument(f"reading: at must be a time in Unix seconds, got {decoded.at!r}")
+    if decoded.retry_after is not None and decoded.retry_after > MAX_READING_SECONDS:
+        raise BadArgument(f"reading: retry_after must be at most {MAX_READING_SECONDS:g} s")
+    for lim in decoded.limits.values():
+        for what, v, top in (("limit", lim.limit, MAX_READING_COUNT), ("remaining", lim.remaining, MAX_READING_COUNT),
+                             ("rounding", lim.rounding, MAX_READING_COUNT), ("reset_s", lim.reset_s, MAX_READING_SECONDS)):
+            if v is not None and v > top:
+                raise BadArgument(f"reading: {lim.kind} {what} must be at most {top:g}, got {v!r}")
+    return text
+
+
 def _seconds(seconds: float, what: str = "seconds") -> str:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
         raise BadArgument(f"{what} must be a finite number >= 0, got {seconds!r}")
@@ -483,7 +521,7 @@ class Core(MeshCalls):
                 cost_usd: float | None = None, now: float | None = None, at: float | None = None,
                 retry_after: float | None = None, received: float | None = None,
                 usage: "Usage | Mapping[str, float] | None" = None, ceiling: str | None = None,
-                reset_s: float | None = None) -> Call:
+                reset_s: float | None = None, reading: Any = None) -> Call:
         """``at``: when the round ended (its cost's UTC day; a replay from the outbox keeps it).
         ``retry_after``: the provider's Retry-After (s) with a rate_limited outcome: pauses the pool.
         ``received``: the tokens the round received in all (a declared round's last point of the
@@ -491,13 +529,18 @@ class Core(MeshCalls):
         counted (``Usage``): the ceilings' buckets are reconciled with the reservation, once.
         ``ceiling``/``reset_s``: with the outcome ``ceiling`` (a 429 naming a spent rate ceiling),
         the limit spent and the seconds until it resets: that bucket is empty until then, and the
-        estimate is left alone."""
+        estimate is left alone. ``reading``: the provider's rate-limit headers of the round's last
+        response (``ratelimits.Reading``, or its encoding): the pool's scope learns from it
+        (ARGV[17], design §5.9)."""
         if outcome not in OUTCOMES:
             raise BadArgument(f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
         u = Usage.of(usage)
+        text = _reading(reading)
         args = [seat.id, str(seat.seq), self.pod, outcome, _seconds(seconds), _money(cost_usd), _now(now),
                 _epoch("at", at), _retry_after(retry_after), _received_total(received),
                 *(u.args() if u else ["", "", "", ""]), *_ceiling_args(outcome, ceiling, reset_s)]
+        if text:  # ARGV[17]; a release without a reading is the call an older library takes
+            args.append(text)
 
         def decode(r):
             stats = (float(r[4]), float(r[5]), float(r[6]) / 1e6) if r[4] else None
@@ -546,11 +589,19 @@ class Core(MeshCalls):
 
         return self._call("heartbeat", args, decode)
 
-    def progress(self, received: Iterable[tuple[Seat, float]], now: float | None = None) -> Call:
-        """The tokens each running round has received so far (the cap line's fit, capline.lua)."""
+    def progress(self, received: Iterable[tuple[Any, ...]], now: float | None = None) -> Call:
+        """The tokens each running round has received so far (the cap line's fit, capline.lua):
+        (seat, tokens) pairs, or (seat, tokens, reading) with the provider's rate-limit headers
+        of its last response (a ``ratelimits.Reading`` or None): the round's scope learns from
+        it as from a release's (sent after the marker ``~r``, one per round)."""
         args: list[Any] = [self.pod, _now(now)]
-        for seat, got in received:
+        readings = []
+        for item in received:
+            seat, got, *rest = item
             args += [seat.id, str(seat.seq), _received(got)]
+            readings.append(_reading(rest[0]) if rest else "")
+        if any(readings):  # without one it is the call an older library takes
+            args += [READINGS_MARKER, *readings]
 
         def decode(r):
             return Progress(int(r[1]), [_s(x) for x in empty_list(r[2])])

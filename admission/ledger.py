@@ -10,7 +10,7 @@ from dataclasses import asdict, astuple
 from typing import Any, Callable
 
 from ._log import get_logger
-from .core import Call, Core, Seat, Usage
+from .core import Call, Core, Seat, Usage, _reading
 from .errors import AdmissionError
 from .outbox import Outbox, OutboxFull, Retry, Unconfirmed
 
@@ -23,17 +23,20 @@ MAX_PENDING = 10_000
 def release_record(seat: Seat, outcome: str, seconds: float, cost_usd: float | None,
                    at: float | None = None, retry_after: float | None = None,
                    received: float | None = None, *, usage: Any = None, ceiling: str | None = None,
-                   reset_s: float | None = None) -> dict[str, Any]:
+                   reset_s: float | None = None, reading: Any = None) -> dict[str, Any]:
     """A release as a ledger record (plain values: what the outbox stores). ``at``: when the
     round ended (its cost's UTC day); None while it is tried at once. ``retry_after``: the
     provider's Retry-After (s) the round ended with; ``received``: the tokens it received in all;
     ``usage``: what the provider counted (``Usage``: the ceilings' reconciliation, once);
-    ``ceiling``, ``reset_s``: the rate ceiling a ``ceiling`` outcome spent and its reset."""
+    ``ceiling``, ``reset_s``: the rate ceiling a ``ceiling`` outcome spent and its reset;
+    ``reading``: the provider's rate-limit headers (kept encoded, ``ratelimits.encode``)."""
     record = {"op": "release", "seat": list(astuple(seat)), "outcome": outcome, "seconds": seconds,
               "cost_usd": cost_usd, "at": at, "retry_after": retry_after, "received": received}
     u = Usage.of(usage)
     if u is not None or ceiling is not None:  # a record without them stays as it was
         record.update(usage=None if u is None else asdict(u), ceiling=ceiling, reset_s=reset_s)
+    if text := _reading(reading):  # likewise: a record without one stays as it was
+        record["reading"] = text
     return record
 
 
@@ -116,7 +119,7 @@ def record_calls(record: dict[str, Any], core: Core, server_time: float,
     call = core.release(seat, outcome=record["outcome"], seconds=record["seconds"],
                         cost_usd=record["cost_usd"], at=record["at"], retry_after=retry_after,
                         received=record.get("received"), usage=record.get("usage"),
-                        ceiling=record.get("ceiling"), reset_s=reset_s)
+                        ceiling=record.get("ceiling"), reset_s=reset_s, reading=record.get("reading"))
     lost = None if record["cost_usd"] is None else core.charge(seat, cost_usd=record["cost_usd"],
                                                                key="release", at=record["at"], now=now)
     return call, lost

@@ -98,7 +98,7 @@ local decide, guarded_at = Decide.decide, Decide.guarded_at
 local check_revision, fence, load_plane = Fence.check_revision, Fence.fence, Fence.load_plane
 local read_intent, waiting_of, write_intent = Fence.read_intent, Fence.waiting_of, Fence.write_intent
 local REASON, cover, debit = Ceilings.REASON, Ceilings.cover, Ceilings.debit
-local load_scope = Ceilings.load_scope
+local load_scope, scope_for = Ceilings.load_scope, Ceilings.scope_for
 local reservation, seat_fields = Ceilings.reservation, Ceilings.seat_fields
 
 local SWEEP_PER_ADMIT = 4
@@ -219,9 +219,10 @@ end
 -- refusal's reason (ceiling-<limit>) or nil; r.res is the reservation to keep on the seat, and
 -- r.wait_s the refusal's wait. A delegated round is debited, never refused (its parent runs).
 local function ceilings_refuse(r, pool, delegated)
-  local scope = r.cfg.scope_of[pool]
+  local scope = scope_for(r.cfg, pool)
   if not scope then return nil end
   local b = load_scope(r.cfg, scope, r.now)
+  if not b then return nil end -- a learned scope without a limit yet
   local res = reservation(b, r.input, r.budget)
   local limit, wait = cover(b, res)
   if limit and not delegated then

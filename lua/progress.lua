@@ -7,7 +7,10 @@
   KEYS[1]  adm:{<mesh>}:config
   ARGV[1]  pod
   ARGV[2]  now ('' = Redis TIME)
-  ARGV[3..] groups of (seat id, seq, tokens received so far: a number in [0, 1e9]); at most 10,000
+  ARGV[3..] groups of (seat id, seq, tokens received so far: a number in [0, 1e9]); at most 10,000;
+           then optionally the marker `~r` (never a seat id) and one rate-limit reading per
+           group, in the groups' order ('' = none; as a release's reading, readings.lua): the
+           live seat's scope learns from it, as from a release's
 
   Reply: {status, points (reports that became a point of the fit), lost seat ids (array)}
     status REPORTED; a lost seat is not this pod's live seat at that seq (released, swept, or
@@ -21,6 +24,7 @@
 --- @include "pool"
 --- @include "seats"
 --- @include "capline"
+--- @include "readings"
 local ERR, STATUS = Codes.ERR, Codes.STATUS
 local check_name, clock, fail, key, run = Util.check_name, Util.clock, Util.fail, Util.key, Util.run
 local load_config = Config.load_config
@@ -28,19 +32,31 @@ local load_pool, save_pool = Pool.load_pool, Pool.save_pool
 local check_seq, read_hash = Seats.check_seq, Seats.read_hash
 local CLOCK_FIT_FIELDS, advance_clock = Capline.CLOCK_FIT_FIELDS, Capline.advance_clock
 local check_token_count, fit_progress = Capline.check_token_count, Capline.fit_progress
+local learn, parse_reading = Readings.learn, Readings.parse_reading
 
 local MAX_REPORTS = 10000
+local READINGS_MARKER = '~r'
 
 return function()
   local pod = check_name('pod', ARGV[1])
   local now = clock(ARGV[2])
-  local n = #ARGV - 2
+  local last, marker = #ARGV, nil -- the groups end at the readings' marker, if any
+  for b = 3, #ARGV, 3 do
+    if ARGV[b] == READINGS_MARKER then last, marker = b - 1, b break end
+  end
+  local n = last - 2
   if n % 3 ~= 0 then fail(ERR.BAD_ARG, 'expected groups of 3 arguments (seat id, seq, tokens), got ' .. n) end
   if n / 3 > MAX_REPORTS then fail(ERR.BAD_ARG, 'at most ' .. MAX_REPORTS .. ' rounds per call') end
   local reports = {}
-  for b = 3, #ARGV, 3 do
+  for b = 3, last, 3 do
     reports[#reports + 1] = {id = check_name('seat id', ARGV[b]), seq = check_seq(ARGV[b + 1]),
       got = check_token_count('tokens received', ARGV[b + 2], 0)}
+  end
+  if marker then
+    if #ARGV - marker ~= #reports then
+      fail(ERR.BAD_ARG, 'expected one reading per round after ' .. READINGS_MARKER .. ', got ' .. (#ARGV - marker))
+    end
+    for i, r in ipairs(reports) do r.reading = parse_reading(ARGV[marker + i]) end
   end
   local cfg = load_config(nil)
   -- validated: writes may start
@@ -48,7 +64,11 @@ return function()
   local pools, order, lost, points = {}, {}, {}, 0
   for _, r in ipairs(reports) do
     local s = read_hash(key('seat', r.id))
-    if not s or s.pod ~= pod or tonumber(s.seq) ~= r.seq then
+    local live = s and s.pod == pod and tonumber(s.seq) == r.seq
+    if live and r.reading then
+      learn(cfg, (s.cScope and s.cScope ~= '') and s.cScope or cfg.scope_of[s.pool] or s.pool, r.reading, now)
+    end
+    if not live then
       lost[#lost + 1] = r.id
     elseif s.tokens and s.tokens ~= '' then
       local p = pools[s.pool]

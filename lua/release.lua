@@ -35,6 +35,11 @@
            until the reset (a daily one closes the scope until midnight) and the estimate is
            left alone
   ARGV[16] reset: seconds until the provider's ceiling resets ('' = 0; at most 86400)
+  ARGV[17] reading: the provider's rate-limit headers of the round's last response ('' or
+           absent = none; admission/ratelimits.py encode: v=1;at=...;tpm=limit,remaining,
+           reset_s,rounding;...): the pool's scope learns the provider's limits from it, and a
+           fresh one lowers its buckets to what remains (readings.lua); a pool with no
+           configured scope learns one of its own, named after the pool. Malformed: ADM_BAD_ARG
 
   Reply: {status, pool, decreased (0/1), est, successes, failures, mean cost (micro-USD)}
     (the pool's outcome counts after this one: what the client's Thompson draws read; '' on a
@@ -58,6 +63,7 @@
 --- @include "seats"
 --- @include "outcome"
 --- @include "ceilings"
+--- @include "readings"
 local ERR, STATUS = Codes.ERR, Codes.STATUS
 local check_num, check_one_of, clock, fail = Util.check_num, Util.check_one_of, Util.clock, Util.fail
 local fmt, key, rewrite, run = Util.fmt, Util.key, Util.rewrite, Util.run
@@ -71,7 +77,8 @@ local read_hash, seat_args, wake_if_waited = Seats.read_hash, Seats.seat_args, S
 local OUTCOMES, SIGNAL_CLOCK_FIELDS = Outcome.OUTCOMES, Outcome.SIGNAL_CLOCK_FIELDS
 local SIGNAL_FIELDS, SIGNAL_FIT_FIELDS = Outcome.SIGNAL_FIELDS, Outcome.SIGNAL_FIT_FIELDS
 local apply_outcome, check_at, check_cost = Outcome.apply_outcome, Outcome.check_at, Outcome.check_cost
-local reconcile, spent = Ceilings.reconcile, Ceilings.spent
+local reconcile, scope_for, spent = Ceilings.reconcile, Ceilings.scope_for, Ceilings.spent
+local learn, parse_reading = Readings.learn, Readings.parse_reading
 
 local CEILING_LIMITS = {rpm = true, tpm = true, itpm = true, otpm = true, rpd = true, tpd = true}
 local MAX_RESET = 86400
@@ -107,6 +114,7 @@ return function()
   local received = ARGV[10] and ARGV[10] ~= '' and check_token_count('tokens received', ARGV[10], 0) or nil
   local usage = usage_args()
   local limit, reset = ceiling_args(outcome)
+  local reading = parse_reading(ARGV[17])
   local cfg = load_config(nil)
   seconds = math.min(seconds, cfg.T.round_cap) -- a round runs at most round_cap (header)
 
@@ -124,7 +132,8 @@ return function()
     -- round still ran, so count what it saw, once
     local p = load_pool(cfg.T, gone.pool)
     -- its reservation stays charged (the seat that held it is gone); a spent ceiling still holds
-    if limit then spent(cfg, cfg.scope_of[gone.pool], limit, reset, now) end
+    if limit then spent(cfg, scope_for(cfg, gone.pool), limit, reset, now) end
+    if reading then learn(cfg, cfg.scope_of[gone.pool] or gone.pool, reading, now) end
     local decreased = apply_outcome(cfg, p, gone, id, now, outcome, seconds, cost, at, retry_after)
     redis.call('SET', key('gone', id), table.concat({'released', gone.seq, gone.pod, gone.pool, gone.lane}, '|'),
       'KEEPTTL')
@@ -146,7 +155,10 @@ return function()
   local decreased = apply_outcome(cfg, p, s, id, now, outcome, seconds, cost, at, retry_after, fields)
   -- the ceilings: what the provider counted against what the admit reserved, once (the seat goes)
   if usage then reconcile(cfg, s, usage, now) end
-  if limit then spent(cfg, (s.cScope and s.cScope ~= '') and s.cScope or cfg.scope_of[s.pool], limit, reset, now) end
+  local scope = (s.cScope and s.cScope ~= '') and s.cScope or nil
+  if limit then spent(cfg, scope or scope_for(cfg, s.pool), limit, reset, now) end
+  -- what the provider said of its ceilings, after the reconciliation: it may lower what that left
+  if reading then learn(cfg, scope or cfg.scope_of[s.pool] or s.pool, reading, now) end
   drop_seat(id, s, 'released')
   wake_if_waited(cfg, s.pool, p.waiting)
   event('released', 'round', id, 'pool', s.pool, 'lane', s.lane, 'outcome', outcome, 'seconds', fmt(seconds))

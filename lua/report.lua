@@ -41,7 +41,7 @@ local count = Events.count
 local check_owner, read_hash, seat_args = Seats.check_owner, Seats.read_hash, Seats.seat_args
 local stall_planned = Capline.stall_planned
 local LOAD, SIGNALS, pause, signal = Outcome.LOAD, Outcome.SIGNALS, Outcome.pause, Outcome.signal
-local spent = Ceilings.spent
+local scope_for, spent = Ceilings.scope_for, Ceilings.spent
 
 local CEILING_LIMITS = {rpm = true, tpm = true, itpm = true, otpm = true, rpd = true, tpd = true}
 
@@ -60,7 +60,7 @@ return function()
   if not s then fail(ERR.UNKNOWN_SEAT, 'no live seat ' .. id) end
   local p = load_pool(cfg.T, s.pool)
   if limit then -- a spent ceiling: not load, the seat's round goes on
-    spent(cfg, (s.cScope and s.cScope ~= '') and s.cScope or cfg.scope_of[s.pool], limit, reset, now)
+    spent(cfg, (s.cScope and s.cScope ~= '') and s.cScope or scope_for(cfg, s.pool), limit, reset, now)
     count('signal', p.name, 'ceiling')
     return {STATUS.REPORTED, s.pool, 0, fmt(p.est)}
   end

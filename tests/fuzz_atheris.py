@@ -130,6 +130,10 @@ def build_busy(client: redis.Redis, mesh: str) -> Busy:
     return Busy(seats, token, _templates(seats))
 
 
+#: a provider's rate-limit reading (admission/ratelimits.py encode): release ARGV[17], progress after ~r
+READING = f"v=1;at={NOW};sp=tpm;tpm=100000,5000,6,0;rpm=60,,1,0;otpm=8000,2000,30.5,1000"
+
+
 def _templates(seats: dict[str, Any]) -> dict[str, list[list[bytes]]]:
     s1, s2, child = seats["s1"], seats["s2"], seats["child"]
 
@@ -147,7 +151,8 @@ def _templates(seats: dict[str, Any]) -> dict[str, list[list[bytes]]]:
                   ["big", "a", "m@p", "pod-a", "", NOW, "0.2", "1", "", "", "", "40000"]],
         "release": [[*seat(s1), "clean", "1.5", "20000", NOW, "", "", "4200"],
                     [*seat(s2), "rate_limited", "3", "", NOW, NOW, "30"],
-                    [*seat(child), "key_rejected", "0", "0", NOW, "", ""]],
+                    [*seat(child), "key_rejected", "0", "0", NOW, "", ""],
+                    [*seat(s1), "clean", "1", "", NOW, "", "", "", "100", "", "", "50", "", "", READING]],
         "report": [[*seat(s1), "stall", NOW, ""], [*seat(s2), "rate_limited", NOW, "20"]],
         "heartbeat": [["pod-a", NOW, "3", *hb(s1), *hb(s2), *hb(child), "waiter"], ["pod-a", NOW, "0"]],
         "tick": [[NOW, "100"], [repr(T0 + 60), ""]],
@@ -164,7 +169,8 @@ def _templates(seats: dict[str, Any]) -> dict[str, list[list[bytes]]]:
         "bind": [["bind", "s1", "3", NOW], ["advance", "s2", "9", NOW]],
         "health": [["n@p", "2", "1", "1", "", NOW], ["o@q", "0", "", "0", NOW, NOW]],
         "progress": [["pod-a", NOW, s1.id, str(s1.seq), "500", s2.id, str(s2.seq), "0"],
-                     [s1.pod, "", child.id, str(child.seq), "120.5"]],
+                     [s1.pod, "", child.id, str(child.seq), "120.5"],
+                     ["pod-a", NOW, s1.id, str(s1.seq), "600", s2.id, str(s2.seq), "0", "~r", READING, ""]],
     }
     assert set(out) == set(scripts.COMMANDS), set(scripts.COMMANDS) ^ set(out)
     return {c: [[x.encode() if isinstance(x, str) else x for x in t] for t in ts] for c, ts in out.items()}

@@ -11,6 +11,9 @@
 --                       refills only from then on
 --     closedUntil why   a daily bucket ran out: the scope's pools are closed until midnight UTC
 --                       (why: rpd or tpd); the next call after midnight reopens it
+--     learned:<limit>   the provider's own limit, from its rate-limit headers (readings.lua)
+--     readAt            the time of the newest reading learned from (an older one, replayed
+--                       from an outbox, learns no limit)
 --     meanIn meanOut n  the learned tokens per call (what the provider counted, input as its
 --                       itpm counts it, output as output_charge counts it): an undeclared
 --                       round reserves them; none learned yet, it reserves no tokens
@@ -20,6 +23,9 @@
 --                     reconciles it once (the seat's tombstone makes a replay count nothing)
 --   useMin useReq useTok prevReq prevTok acc:<bin> accN
 --                     the use per minute and the reservation accuracy, for the read model (ceiluse.lua)
+-- A limit's effective value is min(configured, learned) x headroom: the policy's or the
+-- provider's, the lower. A pool without a configured scope learns one from the headers alone:
+-- its scope is the pool's own name (scope_for), with the default headroom and burst.
 -- Buckets: a per-minute one refills limit x headroom / 60 per second; its capacity is burst_s
 -- seconds of rate for requests (at least one request) and one minute's worth for tokens. A
 -- daily one holds limit x headroom and is full again at 00:00 UTC. A round needs min(cost,
@@ -40,29 +46,51 @@ local MEAN_WEIGHT = 0.1 -- the learned mean's weight of one new call, once it ha
 local REASON = {rpm = 'ceiling-rpm', tpm = 'ceiling-tpm', itpm = 'ceiling-itpm', otpm = 'ceiling-otpm',
   rpd = 'ceiling-rpd', tpd = 'ceiling-tpd'}
 
--- A bucket's refill rate (per second) and capacity, from the scope's configuration `c`.
-local function shape(c, limit)
-  local eff = c[limit] * c.headroom
+-- A learned scope's configuration (no [ceilings.<name>] of its own): the policy's defaults;
+-- output counted as produced when the provider announces an output ceiling (Anthropic's
+-- otpm), else on arrival as max_tokens (OpenAI, Azure).
+local function learned_config(h)
+  return {headroom = 0.97, burst_s = 1, cache_reads_count = false,
+    output_charge = h['learned:otpm'] and 'received' or 'max_tokens'}
+end
+
+-- A bucket's refill rate (per second) and capacity, from the scope's configuration `c` and the
+-- limit in force (`value`: min(configured, learned); default the configured one).
+local function shape(c, limit, value)
+  local eff = (value or c[limit]) * c.headroom
   if DAILY[limit] then return 0, eff end
   local rate = eff / 60
   if REQUESTS[limit] then return rate, math.max(1, rate * c.burst_s) end
   return rate, eff
 end
 
--- The scope's buckets refilled to `now` (nothing written): b.level[limit], b.rate, b.cap.
+-- The limit in force: the lower of the configured and the learned one (either may be absent).
+local function in_force(configured, learned)
+  if configured and learned then return math.min(configured, learned) end
+  return configured or learned
+end
+
+-- The scope's buckets refilled to `now` (nothing written): b.level[limit], b.rate, b.cap, and
+-- b.configured / b.learned / b.limit (the limit in force) per limit; nil for a scope with no
+-- bucket (a pool that has learned nothing yet).
 local function load_scope(cfg, name, now)
-  local c = cfg.ceilings[name]
   local raw = redis.call('HGETALL', key('ceil', name))
   local h = {}
   for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
+  local c = cfg.ceilings[name] or learned_config(h)
   local day = math.floor(now / 86400)
   local at = tonumber(h.at) or now
   local b = {name = name, c = c, now = now, day = day, level = {}, rate = {}, cap = {}, hold = {},
+    configured = {}, learned = {}, limit = {}, readAt = tonumber(h.readAt),
     meanIn = tonumber(h.meanIn), meanOut = tonumber(h.meanOut), n = tonumber(h.n) or 0,
     closedUntil = tonumber(h.closedUntil) or 0, why = h.why or '', h = h, extra = {}}
+  local any = false
   for _, l in ipairs(LIMITS) do
-    if c[l] then
-      local rate, cap = shape(c, l)
+    local value = in_force(c[l], tonumber(h['learned:' .. l]))
+    b.configured[l], b.learned[l], b.limit[l] = c[l], tonumber(h['learned:' .. l]), value
+    if value then
+      any = true
+      local rate, cap = shape(c, l, value)
       local level, hold = tonumber(h[l]), tonumber(h['hold:' .. l]) or 0
       if level == nil or (DAILY[l] and tonumber(h.day) ~= day) then level = cap -- new, or a new UTC day
       elseif not DAILY[l] then
@@ -72,7 +100,16 @@ local function load_scope(cfg, name, now)
       b.level[l], b.rate[l], b.cap[l], b.hold[l] = math.min(cap, level), rate, cap, hold
     end
   end
-  return b
+  return any and b or nil
+end
+
+-- The scope a pool's rounds count against: its configured one, else the one it learned from
+-- the providers' headers (named after the pool; readings.lua creates it), else nil.
+local function scope_for(cfg, pool)
+  local scope = cfg.scope_of[pool]
+  if scope then return scope end
+  if redis.call('EXISTS', key('ceil', pool)) == 1 then return pool end
+  return nil
 end
 
 -- What a round reserves: its declared input and answer budget, else the scope's learned mean
@@ -179,8 +216,9 @@ end
 -- held by the provider's 429 gets no refund before its reset: the provider's word wins.
 local function reconcile(cfg, s, u, now)
   local scope = s.cScope
-  if not scope or scope == '' or not cfg.ceilings[scope] then return end -- the scope left the policy
+  if not scope or scope == '' then return end
   local b = load_scope(cfg, scope, now)
+  if not b then return end -- the scope left the policy
   local budget = tonumber(s.cBudget or '')
   local inp, out = counted(b.c, u, budget)
   local res = {inp = inp - (tonumber(s.cIn) or 0), out = out - (tonumber(s.cOut) or 0)}
@@ -204,9 +242,9 @@ end
 -- seconds from now and refills from then on; a daily one closes the scope until midnight. Not
 -- a load signal: the estimate is not touched.
 local function spent(cfg, scope, limit, reset, now)
-  if not scope or not cfg.ceilings[scope] then return false end
+  if not scope then return false end
   local b = load_scope(cfg, scope, now)
-  if not b.level[limit] then return false end
+  if not b or not b.level[limit] then return false end
   b.level[limit] = 0
   save_levels(b)
   if DAILY[limit] then close_scope(b, limit)
@@ -219,7 +257,9 @@ return {
   LIMITS = LIMITS,
   REASON = REASON,
   shape = shape,
+  in_force = in_force,
   load_scope = load_scope,
+  scope_for = scope_for,
   reservation = reservation,
   cost = cost,
   next_midnight = next_midnight,

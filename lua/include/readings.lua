@@ -1,0 +1,102 @@
+-- A provider's rate-limit headers, read by the client (admission/ratelimits.py encode) and
+-- carried with a release or a progress report: the ceilings learn from them (docs/design.md
+-- §5.9, "Learned from the headers"). In the scope's hash ceil:<scope> (ceilings.lua):
+--   learned:<limit>  the provider's limit, from the newest reading (a reading older than
+--                    readAt, one replayed from an outbox, learns no limit)
+--   readAt           that reading's time (at most the call's now)
+-- A fresh reading (|now - at| < FRESH_S on the server's clock) also lowers each bucket to what
+-- the provider says remains, minus its rounding; never raises it. The provider counted its
+-- `remaining` at `at`; the rounds this mesh admitted since are debited from our level but not
+-- from that count, and the refill since `at` is not credited either: within FRESH_S the two
+-- offset each other up to the refill rate, and the next reading corrects the rest.
+-- A reading's retry-after (ra) and spent ceiling (sp) are checked but not used here: the
+-- release's ARGV[9] and its `ceiling` outcome carry them.
+--- @include "codes"
+--- @include "util"
+--- @include "ceilings"
+local ERR = Codes.ERR
+local fail, fmt, key = Util.fail, Util.fmt, Util.key
+local LIMITS, load_scope, save_levels = Ceilings.LIMITS, Ceilings.load_scope, Ceilings.save_levels
+
+local FRESH_S = 2
+local MAX_TEXT = 1000
+local MAX_LIMIT = 1e12
+local MAX_RESET = 2 * 86400
+local KIND = {rpm = true, tpm = true, itpm = true, otpm = true, rpd = true, tpd = true}
+
+-- One number of a reading: '' = unknown (nil); else finite, in [0, max].
+local function number(what, s, max)
+  if s == '' then return nil end
+  local x = tonumber(s)
+  if x == nil or x ~= x or x < 0 or x > max then
+    fail(ERR.BAD_ARG, 'bad rate-limit reading: ' .. what .. ' must be a number in [0, ' .. fmt(max) .. '], got ' ..
+      string.format('%q', s))
+  end
+  return x
+end
+
+-- The reading `s` (the wire format of admission/ratelimits.py encode) checked whole, nothing
+-- written: {at, limits = {limit = {limit, remaining, reset, rounding}}}; nil for ''.
+local function parse_reading(s)
+  if s == nil or s == '' then return nil end
+  if #s > MAX_TEXT then fail(ERR.BAD_ARG, 'bad rate-limit reading: longer than ' .. MAX_TEXT .. ' characters') end
+  local fields, n = {}, 0
+  for part in (s .. ';'):gmatch('([^;]*);') do
+    local k, v = part:match('^([^=]+)=(.*)$')
+    if not k or fields[k] then fail(ERR.BAD_ARG, 'bad rate-limit reading: ' .. string.format('%q', part)) end
+    fields[k], n = v, n + 1
+  end
+  if fields.v ~= '1' then fail(ERR.BAD_ARG, 'bad rate-limit reading: version must be 1') end
+  local r = {at = number('at', fields.at or '', 1e11), limits = {}}
+  if not r.at then fail(ERR.BAD_ARG, 'bad rate-limit reading: no time (at)') end
+  if fields.ra then number('ra', fields.ra, MAX_RESET) end
+  if fields.sp and not KIND[fields.sp] then fail(ERR.BAD_ARG, 'bad rate-limit reading: sp=' .. fields.sp) end
+  local known = 2 + (fields.ra and 1 or 0) + (fields.sp and 1 or 0)
+  for _, l in ipairs(LIMITS) do
+    local v = fields[l]
+    if v then
+      known = known + 1
+      local x = {}
+      for item in (v .. ','):gmatch('([^,]*),') do x[#x + 1] = item end
+      if #x ~= 4 then fail(ERR.BAD_ARG, 'bad rate-limit reading: ' .. l .. ' needs limit,remaining,reset,rounding') end
+      r.limits[l] = {limit = number(l .. ' limit', x[1], MAX_LIMIT), remaining = number(l .. ' remaining', x[2], MAX_LIMIT),
+        reset = number(l .. ' reset', x[3], MAX_RESET), rounding = number(l .. ' rounding', x[4], MAX_LIMIT) or 0}
+    end
+  end
+  if known ~= n then fail(ERR.BAD_ARG, 'bad rate-limit reading: unknown fields') end
+  return r
+end
+
+-- Learn the reading `r` into `scope` (a pool's configured scope, else the pool's own: created
+-- here): the provider's limits (a limit of 0 says nothing), then, fresh, the remainings.
+local function learn(cfg, scope, r, now)
+  local k = key('ceil', scope)
+  local read_at = tonumber(redis.call('HGET', k, 'readAt'))
+  if not read_at or r.at >= read_at then
+    local args = {'readAt', fmt(math.min(r.at, now))}
+    for l, x in pairs(r.limits) do
+      if x.limit and x.limit > 0 then
+        args[#args + 1] = 'learned:' .. l
+        args[#args + 1] = fmt(x.limit)
+      end
+    end
+    if #args > 2 then redis.call('HSET', k, unpack(args)) end
+  end
+  if math.abs(now - r.at) >= FRESH_S then return end
+  local b = load_scope(cfg, scope, now)
+  if not b then return end
+  local lowered = false
+  for l, x in pairs(r.limits) do
+    if x.remaining and b.level[l] then
+      local left = math.max(0, x.remaining - x.rounding)
+      if left < b.level[l] then b.level[l], lowered = left, true end
+    end
+  end
+  if lowered then save_levels(b) end
+end
+
+return {
+  FRESH_S = FRESH_S,
+  parse_reading = parse_reading,
+  learn = learn,
+}
