@@ -103,7 +103,8 @@ local function ceiling_args(outcome)
   return limit, reset
 end
 
-return function()
+-- The call, every argument checked before the first write (Redis does not roll a script back).
+local function read_call()
   local id, seq, pod = seat_args()
   local outcome = check_one_of('outcome', ARGV[4], OUTCOMES)
   local seconds = check_num('seconds', ARGV[5], 0, 0)
@@ -115,6 +116,15 @@ return function()
   local usage = usage_args()
   local limit, reset = ceiling_args(outcome)
   local reading = parse_reading(ARGV[17])
+  return {id = id, seq = seq, pod = pod, outcome = outcome, seconds = seconds, now = now, at = at,
+    retry_after = retry_after, received = received, usage = usage, limit = limit, reset = reset, reading = reading}
+end
+
+return function()
+  local r = read_call()
+  local id, seq, pod, outcome, seconds, now, at = r.id, r.seq, r.pod, r.outcome, r.seconds, r.now, r.at
+  local retry_after, received, usage, limit, reset, reading = r.retry_after, r.received, r.usage, r.limit,
+    r.reset, r.reading
   local cfg = load_config(nil)
   seconds = math.min(seconds, cfg.T.round_cap) -- a round runs at most round_cap (header)
 
