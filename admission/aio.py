@@ -427,11 +427,15 @@ class AsyncAdmission(ClientBase):
         many replicas confirmed it). Raises ``Retry`` while Redis cannot apply it (unreachable,
         no policy yet). A release whose seat Redis no longer knows is recorded and its cost
         booked; its answer is that ``UnknownSeat``. Any other refusal is recorded and raised."""
-        built, lost_seat_charge = self._calls(record, self.core, now)
+        lost_seat_charge = None  # built only when Redis no longer knows the seat (rare)
+        if call is None:
+            call, lost_seat_charge = self._calls(record, self.core, now)
         try:
             try:
-                return await self._exec_ledger(call or built, replicas)
+                return await self._exec_ledger(call, replicas)
             except UnknownSeat as exc:
+                if lost_seat_charge is None:
+                    _, lost_seat_charge = self._calls(record, self.core, now)
                 acked = replicas
                 if lost_seat_charge is not None:
                     _, acked = await self._exec_ledger(lost_seat_charge, replicas)

@@ -72,3 +72,14 @@ def test_an_async_mesh_is_the_same_handle_under_asyncio(async_client_factory):
         await m.close()
 
     asyncio.run(main())
+
+
+def test_a_ledger_record_holds_the_seat_in_its_fields_order():
+    """ledger._seat is astuple without the deep copy: the same list, in Seat's field order."""
+    import dataclasses
+
+    from admission import Seat, ledger
+
+    seat = Seat("r1", 3, "m@p", "a", "pod-a", 1.5)
+    assert ledger._seat(seat) == list(dataclasses.astuple(seat))
+    assert Seat(*ledger.release_record(seat, "clean", 1.0, None)["seat"]) == seat
