@@ -142,8 +142,10 @@ return function()
     -- round still ran, so count what it saw, once
     local p = load_pool(cfg.T, gone.pool)
     -- its reservation stays charged (the seat that held it is gone); a spent ceiling still holds
-    if limit then spent(cfg, scope_for(cfg, gone.pool), limit, reset, now) end
+    -- what the provider said of its ceilings first: a pool that configures none learns its scope
+    -- here, and the spent ceiling then holds a bucket of it
     if reading then learn(cfg, cfg.scope_of[gone.pool] or gone.pool, reading, now) end
+    if limit then spent(cfg, scope_for(cfg, gone.pool), limit, reset, now) end
     local decreased = apply_outcome(cfg, p, gone, id, now, outcome, seconds, cost, at, retry_after)
     redis.call('SET', key('gone', id), table.concat({'released', gone.seq, gone.pod, gone.pool, gone.lane}, '|'),
       'KEEPTTL')
@@ -166,9 +168,10 @@ return function()
   -- the ceilings: what the provider counted against what the admit reserved, once (the seat goes)
   if usage then reconcile(cfg, s, usage, now) end
   local scope = (s.cScope and s.cScope ~= '') and s.cScope or nil
-  if limit then spent(cfg, scope or scope_for(cfg, s.pool), limit, reset, now) end
-  -- what the provider said of its ceilings, after the reconciliation: it may lower what that left
+  -- what the provider said of its ceilings, after the reconciliation (it may lower what that
+  -- left), then the spent ceiling: a pool that configures none learns its scope here first
   if reading then learn(cfg, scope or cfg.scope_of[s.pool] or s.pool, reading, now) end
+  if limit then spent(cfg, scope or scope_for(cfg, s.pool), limit, reset, now) end
   drop_seat(id, s, 'released')
   wake_if_waited(cfg, s.pool, p.waiting)
   event('released', 'round', id, 'pool', s.pool, 'lane', s.lane, 'outcome', outcome, 'seconds', fmt(seconds))

@@ -73,6 +73,10 @@ MUTATIONS = [
     ('ceilings read model: the page has the table', 'admission/serve/page.py', 'ceilings=_rows_ceilings(d),', 'ceilings="",', 'test_ceilings_read_model.py', 'page_renders'),
     ("ceilings read model: the page's script refreshes the table", 'admission/serve/static/page.js', '"providers", "ceilings", "starving"', '"providers", "starving"', 'test_ceilings_read_model.py', 'chromium_shows_the_ceilings'),
     # the ceilings learned from the providers' headers (lua/include/readings.lua, design §5.9)
+    ('ceilings learned: a ceiling 429 holds the scope its own reading taught', 'release.lua',
+     "  if reading then learn(cfg, scope or cfg.scope_of[s.pool] or s.pool, reading, now) end\n  if limit then spent(cfg, scope or scope_for(cfg, s.pool), limit, reset, now) end\n",
+     "  if limit then spent(cfg, scope or scope_for(cfg, s.pool), limit, reset, now) end\n  if reading then learn(cfg, scope or cfg.scope_of[s.pool] or s.pool, reading, now) end\n",
+     'test_rules_ceilings_learned.py', 'holds_the_scope'),
     ('ceilings learned: the effective ceiling is the lower of configured and learned', 'include/ceilings.lua', 'if configured and learned then return math.min(configured, learned) end', 'if configured and learned then return configured end', 'test_rules_ceilings_learned.py', 'lower_of_configured'),
     ('ceilings learned: the effective ceiling is times headroom', 'include/ceilings.lua', 'local eff = (value or c[limit]) * c.headroom', 'local eff = value or c[limit]', 'test_rules_ceilings_learned.py', 'lower_of_configured or scope_of_its_own'),
     ('ceilings learned: a header limit is kept per kind', 'include/readings.lua', "args[#args + 1] = 'learned:' .. l", "args[#args + 1] = 'learned'", 'test_rules_ceilings_learned.py', 'lower_of_configured or lowered_limit'),

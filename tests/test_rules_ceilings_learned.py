@@ -219,3 +219,17 @@ def test_a_reading_replayed_from_the_outbox_learns_its_limits_and_lowers_nothing
     assert state["learned:tpm"] == "50000" and float(state["tpm"]) > 0         # limit learned, stale remaining not
     a._apply_record(record)                                                     # the replay of a lost reply
     assert scope_state(redis_client)["learned:tpm"] == "50000"
+
+
+def test_a_ceiling_429_on_a_pool_that_configures_none_holds_the_scope_it_learns(redis_client):
+    """The reading of the 429 is learned first, so its spent ceiling holds a bucket of the scope
+    learned in the same release: the next admit waits for the reset instead of meeting the same
+    429 (a ceiling 429 pauses no pool: the hold is what paces it)."""
+    a = adm(redis_client, pol=ceil_policy())
+    ask = Ask(a)
+    d = ask(T0, pool=Q)
+    a.release(d.seat, outcome="ceiling", ceiling="tpm", reset_s=20, now=T0,
+              reading=reading(tpm=(100_000, 0)))
+    assert float(scope_state(redis_client, Q)["hold:tpm"]) == pytest.approx(T0 + 20)
+    d = ask(T0 + 1, pool=Q, input_tokens=1000, max_tokens=0)
+    assert d.reason == "ceiling-tpm" and d.wait_s > 0
