@@ -81,6 +81,7 @@ class RoundBase:
         self.usage: Any = None  # set to what the provider counted (core.Usage): the ceilings reconcile it
         self.ceiling: str | None = None  # set to the rate ceiling a 429 named as spent (rpm, tpm, ...)
         self.reset_s: float | None = None  # and the seconds until it resets
+        self.rate_reading: Any = None  # set to the last response's rate-limit headers (ratelimits.Reading)
         self._adm = adm
 
 
