@@ -76,6 +76,7 @@ def assert_read(reading, kind: str = "tpm", limit: float = 100) -> None:
 def assert_ceiling(exit_: dict, kind: str = "tpm") -> None:
     assert (exit_["outcome"], exit_["ceiling"]) == ("ceiling", kind)
     assert 0 < exit_["reset_s"] <= 60
+    assert exit_["reset_s"] == pytest.approx(exit_["reading"].get(kind).reset_s)   # that limit's own reset
     assert exit_["reading"].spent == kind
 
 
@@ -228,14 +229,16 @@ def test_anthropic_calls_and_streams_read_headers_and_an_output_ceiling(make_adm
     assert signals(adm, CLAUDE)[1] == 0
 
 
-def test_anthropic_async_capacity_429_stays_rate_limited(server_url, provider, monkeypatch):
+def test_anthropic_async_reads_headers_and_a_capacity_429_stays_rate_limited(server_url, provider, monkeypatch):
     _, url = provider(scale=10.0, style="anthropic", ceilings={"otpm": 100_000})
-    capacity_429s(monkeypatch)
 
     async def main():
         adm = await async_adm(server_url)
         seen = exits(adm)
         client = adm_anthropic.wrap(anthropic.AsyncAnthropic(base_url=url, api_key=KEY), adm, lane="a", retries=0)
+        message = await client.messages.create(model="claude-x", messages=ASK, max_tokens=N)
+        assert message.usage.output_tokens > 0
+        capacity_429s(monkeypatch)
         with pytest.raises(anthropic.RateLimitError):
             await client.messages.create(model="claude-x", messages=ASK, max_tokens=N)
         with pytest.raises(anthropic.RateLimitError):
@@ -245,7 +248,7 @@ def test_anthropic_async_capacity_429_stays_rate_limited(server_url, provider, m
         return seen
 
     seen = asyncio.run(main())
-    assert [(e["outcome"], e["ceiling"]) for e in seen] == [("rate_limited", None)] * 2
+    assert [(e["outcome"], e["ceiling"]) for e in seen] == [("clean", None)] + [("rate_limited", None)] * 2
     assert all(e["reading"].get("otpm").limit == 100_000 for e in seen)
 
 

@@ -4,6 +4,7 @@ from it): an SDK client's admitted methods run through the admission.
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 from typing import Any, Callable
 
@@ -89,7 +90,10 @@ class AsyncCalls(CallsBase):
             note_error(handle, exc)
             raise
         note_response(handle, response)
-        return response.parse() if raw is not None else response
+        if raw is None:
+            return response
+        parsed = response.parse()  # a coroutine for Anthropic's asyncio client, an answer elsewhere
+        return (await parsed) if inspect.isawaitable(parsed) else parsed
 
     async def _admitted(self, ask: Ask, send: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
                         stream: bool) -> Any:

@@ -6,6 +6,7 @@ from it): an SDK client's admitted methods run through the admission.
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 from typing import Any, Callable
 
@@ -91,7 +92,10 @@ class Calls(CallsBase):
             note_error(handle, exc)
             raise
         note_response(handle, response)
-        return response.parse() if raw is not None else response
+        if raw is None:
+            return response
+        parsed = response.parse()  # a coroutine for Anthropic's asyncio client, an answer elsewhere
+        return (parsed) if inspect.isawaitable(parsed) else parsed
 
     def _admitted(self, ask: Ask, send: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
                   stream: bool) -> Any:
