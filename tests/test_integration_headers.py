@@ -96,6 +96,26 @@ def oai(url: str, adm, **kw):
     return adm_openai.wrap(openai.OpenAI(base_url=url + "/v1", api_key=KEY), adm, lane="a", retries=0, **kw)
 
 
+# -- no server ------------------------------------------------------------------------------------
+def test_note_names_a_spent_ceiling_and_never_fails_the_call():
+    from types import SimpleNamespace
+
+    from admission.integrations._rate_headers import note
+
+    r = SimpleNamespace(rate_reading=None, ceiling=None, reset_s=None)
+    spent = {"x-ratelimit-limit-tokens": "100", "x-ratelimit-remaining-tokens": "0",
+             "x-ratelimit-reset-tokens": "6s", "retry-after": "2"}
+    assert note(r, spent, 429).spent == "tpm"
+    assert (r.ceiling, r.reset_s) == ("tpm", 6.0)       # the limit's reset, not the Retry-After
+    note(r, {"retry-after": "2"}, 429, "server busy")   # a capacity 429: no ceiling any more
+    assert (r.ceiling, r.reset_s, r.rate_reading.retry_after) == (None, None, 2.0)
+    assert note(r, {"x-ratelimit-reset-tokens": "in 9999 years"}, 200).get("tpm") is None
+    assert note(r, object(), 200) is not None and note(None, spent, 429) is None
+    far = {**spent, "x-ratelimit-reset-tokens": "47h"}   # a reading may be 2 days out, a release 1
+    note(r, far, 429)
+    assert r.reset_s == 86_400
+
+
 # -- the OpenAI wrapper ---------------------------------------------------------------------------
 def test_openai_calls_and_streams_leave_their_headers_on_the_round(make_adm, provider):
     adm = make_adm()

@@ -27,6 +27,12 @@ How a request flows (the proxy's documented custom-callback hooks, ``CustomLogge
   (a rate-limited release pauses the pool for every pod).
 * ``async_post_call_failure_hook`` — the request failed before (or without) a logged call: the
   seat, if still held, is released here.
+* **Rate-limit headers**: the provider's headers LiteLLM passes on (an answer's
+  ``_hidden_params["additional_headers"]``, ``llm_provider-`` prefixed; an exception's
+  ``litellm_response_headers``) are read into the held seat (``Held.rate_reading``); a 429 whose
+  headers or error name a spent ceiling is released ``ceiling`` with that ceiling and its reset
+  (the bucket is held, the estimate not cut) instead of ``rate_limited``. A reading that fails is
+  logged and the release goes on.
 
 Choices:
 
