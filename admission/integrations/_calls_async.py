@@ -4,12 +4,14 @@ from it): an SDK client's admitted methods run through the admission.
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 from typing import Any, Callable
 
 from ._calls import CallsBase, received_of
 from ._common import Ask, ask_for, charge_key, is_load, joinable, log, pop_call_args
 from ._prices import PRICES, _get, cost_of
+from ._rate_headers import note_error, note_response
 from ._streams_async import AsyncHeldRound, AsyncRoundStream, AsyncRoundStreamManager
 from ..classify import RATE_LIMITED, retry_after_of
 from ..errors import AdmissionError
@@ -18,23 +20,26 @@ from ..errors import AdmissionError
 class AsyncCalls(CallsBase):
     """Runs an SDK client's admitted methods."""
 
-    def bind(self, method: Callable[..., Any]) -> Callable[..., Any]:
-        """``method`` (an SDK's create / parse), admitted."""
+    def bind(self, method: Callable[..., Any], raw: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        """``method`` (an SDK's create / parse), admitted; ``raw``: its ``with_raw_response``
+        form, when the SDK has one (the answer's headers come with it)."""
         @functools.wraps(method)
         async def call(*args: Any, **kwargs: Any) -> Any:
-            return await self.run(method, args, kwargs)
+            return await self.run(method, args, kwargs, raw)
         return call
 
-    async def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+    async def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
+                  raw: Callable[..., Any] | None = None) -> Any:
         given = pop_call_args(kwargs)
         stream = kwargs.get("stream") is True
+        send = functools.partial(self._send, fn, raw)
         handle = joinable(self.adm, self.settings, given)
         if handle is not None:
-            return await self._joined(handle, self._call_pool(given, kwargs.get("model")), fn, args, kwargs, stream)
+            return await self._joined(handle, self._call_pool(given, kwargs.get("model")), send, args, kwargs, stream)
         ask = ask_for(self.settings, given, kwargs.get("model"), kwargs)
         for attempt in itertools.count():
             try:
-                return await self._admitted(ask, fn, args, kwargs, stream)
+                return await self._admitted(ask, send, args, kwargs, stream)
             except Exception as exc:
                 if not self._retry(exc, attempt, ask):
                     raise
@@ -50,8 +55,10 @@ class AsyncCalls(CallsBase):
                 try:
                     stream = await inner.__aenter__()
                 except Exception as exc:
+                    note_error(handle, exc)
                     await self.report_load(handle, pool, exc)
                     raise
+                note_response(handle, stream)
                 return inner, stream, functools.partial(self._end_joined, handle, pool), None
             ask = ask_for(self.settings, given, kwargs.get("model"), kwargs)
             for attempt in itertools.count():
@@ -59,9 +66,11 @@ class AsyncCalls(CallsBase):
                 r = await held.open()
                 try:
                     inner = fn(*args, **self._kwargs(kwargs, ask, r))
-                    return (inner, await inner.__aenter__(), functools.partial(self._end_held, held),
-                            self.reporter(ask, r))
+                    stream = await inner.__aenter__()
+                    note_response(r, stream)
+                    return inner, stream, functools.partial(self._end_held, held), self.reporter(ask, r)
                 except BaseException as exc:
+                    note_error(r, exc)
                     await held.close(exc)
                     if not (isinstance(exc, Exception) and self._retry(exc, attempt, ask)):
                         raise
@@ -69,19 +78,36 @@ class AsyncCalls(CallsBase):
 
         return AsyncRoundStreamManager(start)
 
-    async def _admitted(self, ask: Ask, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
+    @staticmethod
+    async def _send(fn: Callable[..., Any], raw: Callable[..., Any] | None, handle: Any, args: tuple,
+                    kwargs: dict[str, Any]) -> Any:
+        """The SDK's answer, its response's rate-limit headers read into ``handle`` (success or
+        error): through ``raw`` (``with_raw_response``) when the SDK has it, else from what the
+        answer or the error carries (a stream's response, an error's)."""
+        try:
+            response = await (raw or fn)(*args, **kwargs)
+        except BaseException as exc:
+            note_error(handle, exc)
+            raise
+        note_response(handle, response)
+        if raw is None:
+            return response
+        parsed = response.parse()  # a coroutine for Anthropic's asyncio client, an answer elsewhere
+        return (await parsed) if inspect.isawaitable(parsed) else parsed
+
+    async def _admitted(self, ask: Ask, send: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
                         stream: bool) -> Any:
         if stream:
             held = AsyncHeldRound(self.round_for(ask))
             r = await held.open()
             try:
-                result = await fn(*args, **self._kwargs(kwargs, ask, r))
+                result = await send(r, args, self._kwargs(kwargs, ask, r))
             except BaseException as exc:
                 await held.close(exc)
                 raise
             return AsyncRoundStream(result, functools.partial(self._end_held, held), self.reporter(ask, r))
         async with self.round_for(ask) as r:
-            result = await fn(*args, **self._kwargs(kwargs, ask, r))
+            result = await send(r, args, self._kwargs(kwargs, ask, r))
             r.cost_usd = await self.cost(r.decision.config_version, r.pool, _get(result, "usage"))
             r.received = received_of(ask, _get(result, "usage"))
             return result
@@ -94,10 +120,10 @@ class AsyncCalls(CallsBase):
         finally:
             await held.close(exc)
 
-    async def _joined(self, handle: Any, pool: str | None, fn: Callable[..., Any], args: tuple,
+    async def _joined(self, handle: Any, pool: str | None, send: Callable[..., Any], args: tuple,
                       kwargs: dict[str, Any], stream: bool) -> Any:
         try:
-            result = await fn(*args, **kwargs)
+            result = await send(handle, args, kwargs)
         except Exception as exc:
             await self.report_load(handle, pool, exc)
             raise
@@ -113,9 +139,15 @@ class AsyncCalls(CallsBase):
             await self.report_load(handle, pool, exc)
 
     async def report_load(self, handle: Any, pool: str | None, exc: Any) -> None:
+        """A joined call's 429/529 on its round's pool: load, or a spent rate ceiling when its
+        response named one (``handle.ceiling``, read by ``note_error``)."""
         if pool == handle.pool and is_load(exc):
             try:
-                await handle.report(RATE_LIMITED, retry_after=retry_after_of(exc))
+                if getattr(handle, "ceiling", None) is not None:
+                    await handle._adm.report(handle.seat, signal="ceiling", ceiling=handle.ceiling,
+                                             reset_s=handle.reset_s)
+                else:
+                    await handle.report(RATE_LIMITED, retry_after=retry_after_of(exc))
             except AdmissionError as err:  # the call's own error is what the caller must see
                 log.warning("joined_report_failed", round=handle.seat.id, error=str(err))
 

@@ -6,12 +6,14 @@ from it): an SDK client's admitted methods run through the admission.
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 from typing import Any, Callable
 
 from ._calls import CallsBase, received_of
 from ._common import Ask, ask_for, charge_key, is_load, joinable, log, pop_call_args
 from ._prices import PRICES, _get, cost_of
+from ._rate_headers import note_error, note_response
 from ._streams_sync import HeldRound, RoundStream, RoundStreamManager
 from ..classify import RATE_LIMITED, retry_after_of
 from ..errors import AdmissionError
@@ -20,23 +22,26 @@ from ..errors import AdmissionError
 class Calls(CallsBase):
     """Runs an SDK client's admitted methods."""
 
-    def bind(self, method: Callable[..., Any]) -> Callable[..., Any]:
-        """``method`` (an SDK's create / parse), admitted."""
+    def bind(self, method: Callable[..., Any], raw: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        """``method`` (an SDK's create / parse), admitted; ``raw``: its ``with_raw_response``
+        form, when the SDK has one (the answer's headers come with it)."""
         @functools.wraps(method)
         def call(*args: Any, **kwargs: Any) -> Any:
-            return self.run(method, args, kwargs)
+            return self.run(method, args, kwargs, raw)
         return call
 
-    def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+    def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
+            raw: Callable[..., Any] | None = None) -> Any:
         given = pop_call_args(kwargs)
         stream = kwargs.get("stream") is True
+        send = functools.partial(self._send, fn, raw)
         handle = joinable(self.adm, self.settings, given)
         if handle is not None:
-            return self._joined(handle, self._call_pool(given, kwargs.get("model")), fn, args, kwargs, stream)
+            return self._joined(handle, self._call_pool(given, kwargs.get("model")), send, args, kwargs, stream)
         ask = ask_for(self.settings, given, kwargs.get("model"), kwargs)
         for attempt in itertools.count():
             try:
-                return self._admitted(ask, fn, args, kwargs, stream)
+                return self._admitted(ask, send, args, kwargs, stream)
             except Exception as exc:
                 if not self._retry(exc, attempt, ask):
                     raise
@@ -52,8 +57,10 @@ class Calls(CallsBase):
                 try:
                     stream = inner.__enter__()
                 except Exception as exc:
+                    note_error(handle, exc)
                     self.report_load(handle, pool, exc)
                     raise
+                note_response(handle, stream)
                 return inner, stream, functools.partial(self._end_joined, handle, pool), None
             ask = ask_for(self.settings, given, kwargs.get("model"), kwargs)
             for attempt in itertools.count():
@@ -61,9 +68,11 @@ class Calls(CallsBase):
                 r = held.open()
                 try:
                     inner = fn(*args, **self._kwargs(kwargs, ask, r))
-                    return (inner, inner.__enter__(), functools.partial(self._end_held, held),
-                            self.reporter(ask, r))
+                    stream = inner.__enter__()
+                    note_response(r, stream)
+                    return inner, stream, functools.partial(self._end_held, held), self.reporter(ask, r)
                 except BaseException as exc:
+                    note_error(r, exc)
                     held.close(exc)
                     if not (isinstance(exc, Exception) and self._retry(exc, attempt, ask)):
                         raise
@@ -71,19 +80,36 @@ class Calls(CallsBase):
 
         return RoundStreamManager(start)
 
-    def _admitted(self, ask: Ask, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
+    @staticmethod
+    def _send(fn: Callable[..., Any], raw: Callable[..., Any] | None, handle: Any, args: tuple,
+              kwargs: dict[str, Any]) -> Any:
+        """The SDK's answer, its response's rate-limit headers read into ``handle`` (success or
+        error): through ``raw`` (``with_raw_response``) when the SDK has it, else from what the
+        answer or the error carries (a stream's response, an error's)."""
+        try:
+            response = (raw or fn)(*args, **kwargs)
+        except BaseException as exc:
+            note_error(handle, exc)
+            raise
+        note_response(handle, response)
+        if raw is None:
+            return response
+        parsed = response.parse()  # a coroutine for Anthropic's asyncio client, an answer elsewhere
+        return (parsed) if inspect.isawaitable(parsed) else parsed
+
+    def _admitted(self, ask: Ask, send: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
                   stream: bool) -> Any:
         if stream:
             held = HeldRound(self.round_for(ask))
             r = held.open()
             try:
-                result = fn(*args, **self._kwargs(kwargs, ask, r))
+                result = send(r, args, self._kwargs(kwargs, ask, r))
             except BaseException as exc:
                 held.close(exc)
                 raise
             return RoundStream(result, functools.partial(self._end_held, held), self.reporter(ask, r))
         with self.round_for(ask) as r:
-            result = fn(*args, **self._kwargs(kwargs, ask, r))
+            result = send(r, args, self._kwargs(kwargs, ask, r))
             r.cost_usd = self.cost(r.decision.config_version, r.pool, _get(result, "usage"))
             r.received = received_of(ask, _get(result, "usage"))
             return result
@@ -96,10 +122,10 @@ class Calls(CallsBase):
         finally:
             held.close(exc)
 
-    def _joined(self, handle: Any, pool: str | None, fn: Callable[..., Any], args: tuple,
+    def _joined(self, handle: Any, pool: str | None, send: Callable[..., Any], args: tuple,
                 kwargs: dict[str, Any], stream: bool) -> Any:
         try:
-            result = fn(*args, **kwargs)
+            result = send(handle, args, kwargs)
         except Exception as exc:
             self.report_load(handle, pool, exc)
             raise
@@ -115,9 +141,15 @@ class Calls(CallsBase):
             self.report_load(handle, pool, exc)
 
     def report_load(self, handle: Any, pool: str | None, exc: Any) -> None:
+        """A joined call's 429/529 on its round's pool: load, or a spent rate ceiling when its
+        response named one (``handle.ceiling``, read by ``note_error``)."""
         if pool == handle.pool and is_load(exc):
             try:
-                handle.report(RATE_LIMITED, retry_after=retry_after_of(exc))
+                if getattr(handle, "ceiling", None) is not None:
+                    handle._adm.report(handle.seat, signal="ceiling", ceiling=handle.ceiling,
+                                       reset_s=handle.reset_s)
+                else:
+                    handle.report(RATE_LIMITED, retry_after=retry_after_of(exc))
             except AdmissionError as err:  # the call's own error is what the caller must see
                 log.warning("joined_report_failed", round=handle.seat.id, error=str(err))
 

@@ -20,6 +20,7 @@ The rest, each in its own module and each building only on the ones before it:
 
 * ``_prices``: prices and usage (``PRICES``, ``cost_of``, ``UsageTracker``, ``tokens_of``);
 * ``_primitives``: what really differs between the asyncio and the sync flavour;
+* ``_rate_headers``: the providers' rate-limit headers of each response, read into its round;
 * ``_streams``: a stream's progress; ``_streams_async``: rounds that outlive the call and the
   streams that hold them (``AsyncHeldRound``, ``AsyncRoundStream``, its manager);
 * ``_calls``: what the runners share (``CallsBase``, ``check_pair``); ``_calls_async``: SDK

@@ -11,6 +11,7 @@ from ._calls import check_pair, received_of
 from ._calls_async import AsyncCalls
 from ._common import Ask, Settings, charge_key, joinable
 from ._http import PoolSpec, Verdict, _ask_of, _Route, _Tee
+from ._rate_headers import note
 from ._streams_async import AsyncHeldRound
 from ..aio import AsyncAdmission
 
@@ -84,12 +85,14 @@ class AsyncRoundTransport:
 
     async def _end_held(self, held: AsyncHeldRound, ask: Ask, response: Any, body: bytes | None,
                         exc: BaseException | None) -> None:
+        r = held.handle
         if exc is not None:
+            note(r, response.headers, response.status_code)
             await held.close(exc)
             return
-        r = held.handle
         try:
             verdict = Verdict.of(response.status_code, response.headers, body)
+            note(r, response.headers, response.status_code, verdict.view.message)
             r.outcome, r.retry_after = verdict.outcome, verdict.retry_after
             r.received = received_of(ask, verdict.usage)
             r.cost_usd = await self._calls.cost(r.decision.config_version, r.pool, verdict.usage)
@@ -99,8 +102,10 @@ class AsyncRoundTransport:
     async def _end_joined(self, handle: Any, pool: str, response: Any, body: bytes | None,
                           exc: BaseException | None) -> None:
         if exc is not None:
+            note(handle, response.headers, response.status_code)
             return  # a broken body is the caller's error, not load
         verdict = Verdict.of(response.status_code, response.headers, body)
+        note(handle, response.headers, response.status_code, verdict.view.message)
         await self._calls.charge(handle, pool, verdict.usage, charge_key(response))
         await self._calls.report_load(handle, pool, verdict.view)
 

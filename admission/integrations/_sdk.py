@@ -21,14 +21,25 @@ from ..errors import BadArgument
 __all__ = ["Calls", "AsyncCalls", "SDKProxy", "wrap_client", "check_pair", "received_of"]
 
 
-def _bind(calls: Calls | AsyncCalls, kind: str, method: Callable[..., Any]) -> Callable[..., Any]:
-    """An SDK method, admitted: ``call`` (create / parse) or ``manager`` (a ``.stream()`` helper)."""
+def _bind(calls: Calls | AsyncCalls, kind: str, method: Callable[..., Any],
+          raw: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """An SDK method, admitted: ``call`` (create / parse; ``raw``: its ``with_raw_response`` form,
+    which gives the answer's headers too) or ``manager`` (a ``.stream()`` helper)."""
     if kind == "manager":
         @functools.wraps(method)
         def stream(*args: Any, **kwargs: Any) -> Any:
             return calls.manager(method, args, kwargs)
         return stream
-    return calls.bind(method)
+    return calls.bind(method, raw)
+
+
+def _raw_form(resource: Any, name: str) -> Callable[..., Any] | None:
+    """``resource.with_raw_response.<name>`` (the answer's HTTP response, its ``.parse()`` the
+    answer), or None where the SDK has none (Anthropic's ``messages.parse``)."""
+    try:
+        return getattr(resource.with_raw_response, name, None)
+    except Exception:  # noqa: BLE001 - no raw form: the answer comes without its headers
+        return None
 class SDKProxy:
     """An SDK client (or one of its resources) whose admitted methods (``table``: attribute path
     -> ``call`` | ``manager``) run through the admission on a copy of the client that never
@@ -46,7 +57,8 @@ class SDKProxy:
         path = (*self._path, name)
         kind = self._table.get(path)
         if kind is not None:
-            return _bind(self._calls, kind, getattr(self._quiet, name))
+            return _bind(self._calls, kind, getattr(self._quiet, name),
+                         _raw_form(self._quiet, name) if kind == "call" else None)
         if any(p[:len(path)] == path for p in self._table):
             return SDKProxy(value, getattr(self._quiet, name), self._calls, self._table, path)
         if not self._path and name in ("with_options", "copy") and self._rewrap is not None:

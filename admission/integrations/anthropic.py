@@ -22,6 +22,10 @@ Anthropic call's budget is its ``max_tokens``, which it must name). Anthropic sp
   ``cache_read_input_tokens`` at ``price_cached_input`` (else ``price_input``), ``output_tokens``
   at ``price_output``; a stream's usage from its ``message_start`` / ``message_delta`` events (or
   the helper's message snapshot).
+* **Rate-limit headers**: ``anthropic-ratelimit-*`` read into the round as the OpenAI wrapper
+  reads its own (``r.rate_reading``; a 429 naming a spent ceiling, "... output tokens per
+  minute", ends the round ``ceiling``); ``messages.parse`` has no raw form in the SDK, so its
+  answer's headers are not read (its errors' are).
 """
 from __future__ import annotations
 

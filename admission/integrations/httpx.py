@@ -39,6 +39,10 @@ Choices:
   body's answer budget (``max_completion_tokens`` / ``max_tokens`` / ``max_output_tokens``) as its
   round's size, and its round ends with the usage's output count. Off by default, as in the SDK
   wrappers. No progress is reported: the transport sees bytes, not an SDK's events.
+* **Rate-limit headers**: each response's (``x-ratelimit-*``, ``anthropic-ratelimit-*``) are
+  read into its round (``r.rate_reading``) when its body is closed; a 429 whose headers or body
+  name a spent ceiling ends the round ``ceiling`` (not load: the estimate is not cut), a joined
+  request reports it on its round. A header that cannot be read never fails the request.
 * The SDKs' own retries, through this transport, are each a new admitted round.
 """
 from __future__ import annotations

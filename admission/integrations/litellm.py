@@ -27,6 +27,12 @@ How a request flows (the proxy's documented custom-callback hooks, ``CustomLogge
   (a rate-limited release pauses the pool for every pod).
 * ``async_post_call_failure_hook`` — the request failed before (or without) a logged call: the
   seat, if still held, is released here.
+* **Rate-limit headers**: the provider's headers LiteLLM passes on (an answer's
+  ``_hidden_params["additional_headers"]``, ``llm_provider-`` prefixed; an exception's
+  ``litellm_response_headers``) are read into the held seat (``Held.rate_reading``); a 429 whose
+  headers or error name a spent ceiling is released ``ceiling`` with that ceiling and its reset
+  (the bucket is held, the estimate not cut) instead of ``rate_limited``. A reading that fails is
+  logged and the release goes on.
 
 Choices:
 
@@ -83,9 +89,10 @@ from litellm.integrations.custom_logger import CustomLogger
 from .._log import get_logger
 from ._common import answer_budget
 from ._prices import answer_received, cost_of, prices_of
+from ._rate_headers import note
 from ..aio import AsyncAdmission
 from ..base import release_record
-from ..classify import ERROR, outcome_of, retry_after_of
+from ..classify import ERROR, RATE_LIMITED, outcome_of, retry_after_of, text_of
 from ..codes import UNAVAILABLE
 from ..core import Decision
 from ..errors import (AdmissionError, BadArgument, NoPolicy, RoundInProgress, Unavailable, UnknownLane,
@@ -120,6 +127,9 @@ class Held:
     started: float  # time.monotonic() at admission
     loop: asyncio.AbstractEventLoop  # the loop the admission client lives in
     declared: bool = False  # the round declared its size: its release sends what it received
+    rate_reading: Any = None  # the provider's rate-limit headers of the call (ratelimits.Reading)
+    ceiling: str | None = None  # the rate ceiling its 429 named as spent, and its reset (s)
+    reset_s: float | None = None
 
 
 class AdmissionHook(CustomLogger):
@@ -287,6 +297,7 @@ class AdmissionHook(CustomLogger):
         held = self._take(_round_of(kwargs))
         if held is None:
             return
+        note(held, _response_headers(response_obj, kwargs), 200)
         cost = self._price(held.decision.pool, response_obj, kwargs)
         if cost is None:
             cost = _number(kwargs.get("response_cost"))
@@ -298,6 +309,7 @@ class AdmissionHook(CustomLogger):
         if held is None:
             return
         exc = kwargs.get("exception")
+        _note_error(held, exc)
         cost = _number(kwargs.get("response_cost")) or None  # a failed call is priced only when it cost
         await self._release(held, *_classified(exc), cost=cost)
 
@@ -305,6 +317,7 @@ class AdmissionHook(CustomLogger):
                                            user_api_key_dict: Any, traceback_str: str | None = None) -> None:
         held = self._take(_round_of(request_data))
         if held is not None:
+            _note_error(held, original_exception)
             await self._release(held, *_classified(original_exception))
         return None  # the proxy's own error goes to the client
 
@@ -332,10 +345,14 @@ class AdmissionHook(CustomLogger):
         adm, seat = self.admission(), held.decision.seat
         assert seat is not None
         seconds = max(0.0, time.monotonic() - held.started)
+        # a 429 that named a spent rate ceiling: that bucket is held, the pool's estimate is not cut
+        spent = outcome == RATE_LIMITED and held.ceiling is not None
+        ceiling = {"ceiling": held.ceiling, "reset_s": held.reset_s} if spent else {}
+        said = "ceiling" if spent else outcome
         try:
             try:
-                await adm.release(seat, outcome=outcome, seconds=seconds, cost_usd=cost, retry_after=retry_after,
-                                  received=received)
+                await adm.release(seat, outcome=said, seconds=seconds, cost_usd=cost, retry_after=retry_after,
+                                  received=received, **ceiling)
             except BadArgument as exc:  # a price, Retry-After or count it refuses: the seat still goes
                 log.error("litellm_release_bad_argument", round=seat.id, cost_usd=cost, retry_after=retry_after,
                           received=received, error=str(exc))
@@ -343,7 +360,7 @@ class AdmissionHook(CustomLogger):
         except (Unavailable, NoPolicy) as exc:
             # as round() does: the client keeps the record (its outbox, else memory) and its clock
             # replays it when Redis answers; a release counts once however often it is sent
-            record = release_record(seat, outcome, seconds, cost, retry_after=retry_after, received=received)
+            record = release_record(seat, said, seconds, cost, retry_after=retry_after, received=received, **ceiling)
             await asyncio.to_thread(adm._queue, record, type(exc).__name__)
         except AdmissionError as exc:  # refused for good (unknown seat: expired long ago)
             log.warning("litellm_release_unapplied", round=seat.id, outcome=outcome, cost_usd=cost, error=str(exc))
@@ -506,6 +523,35 @@ def _usage(response_obj: Any, kwargs: Mapping[str, Any]) -> Any:
     if isinstance(slo, Mapping):
         return {k: slo[k] for k in ("prompt_tokens", "completion_tokens") if isinstance(slo.get(k), int)}
     return None
+
+
+def _response_headers(response_obj: Any, kwargs: Mapping[str, Any]) -> Any:
+    """The provider's headers LiteLLM passed on with an answer: ``_hidden_params``'
+    ``additional_headers`` (``llm_provider-`` prefixed; ``ratelimits.read`` takes the prefix off),
+    else the standard logging payload's."""
+    hidden = response_obj.get("_hidden_params") if isinstance(response_obj, Mapping) else \
+        getattr(response_obj, "_hidden_params", None)
+    if isinstance(hidden, Mapping) and hidden.get("additional_headers") is not None:
+        return hidden["additional_headers"]
+    slo = kwargs.get("standard_logging_object")
+    hidden = slo.get("hidden_params") if isinstance(slo, Mapping) else None
+    return hidden.get("additional_headers") if isinstance(hidden, Mapping) else None
+
+
+def _note_error(held: Held, exc: Any) -> None:
+    """Read a failed call's rate-limit headers into ``held``: LiteLLM keeps the provider's on the
+    exception (``litellm_response_headers``; its ``response`` may be one it made up)."""
+    if exc is None:
+        return
+    try:
+        headers = getattr(exc, "litellm_response_headers", None)
+        if headers is None:
+            headers = getattr(getattr(exc, "response", None), "headers", None)
+        text = text_of(exc)
+    except Exception as err:  # noqa: BLE001 - advice to the ceilings, never a failed release
+        log.warning("litellm_ratelimit_read_failed", error=repr(err))
+        return
+    note(held, headers, getattr(exc, "status_code", None), text)
 
 
 def _number(x: Any) -> float | None:

@@ -48,6 +48,15 @@ Choices:
   request) and reports a 429/529 with ``r.report("rate_limited", retry_after=...)`` before
   re-raising; the wrapper does not retry it (the round's owner decides). ``join=False`` turns
   this off (the call is then a delegated sub-round of the held one).
+* **Rate-limit headers** (``_rate_headers``): every answer (success or error, streamed or not)
+  leaves its response's ``x-ratelimit-*`` headers on the round as ``r.rate_reading``
+  (``admission.ratelimits.Reading``), sent with the round's end; no extra request (a call goes
+  through the SDK's ``with_raw_response`` form and returns the same parsed answer; a stream's and
+  an error's own response carry them). A 429 whose headers or error name a spent ceiling ("...
+  on tokens per min (TPM)") sets ``r.ceiling`` / ``r.reset_s``: the round ends ``ceiling``, which
+  holds that bucket until its reset and leaves the pool's estimate alone; a 429 naming none is
+  load as before. A joined call reports a spent ceiling with ``report("ceiling", ...)``. A header
+  that cannot be read is ignored (logged): it never fails the call.
 """
 from __future__ import annotations
 
