@@ -374,6 +374,7 @@ def test_litellm_hook_reads_the_provider_headers_litellm_passes_on(server_url, p
 
     helds, releases, counted = asyncio.run(main())
     assert helds[0].rate_reading.get("tpm").limit == 100 and releases[0]["outcome"] == "clean"
+    assert releases[0]["reading"] is helds[0].rate_reading     # the release carries it: the ceilings learn
     assert helds[1].rate_reading.spent == "tpm"
     assert (releases[1]["outcome"], releases[1]["ceiling"]) == ("ceiling", "tpm") and releases[1]["reset_s"] > 0
     assert releases[2]["outcome"] == "rate_limited" and "ceiling" not in releases[2]

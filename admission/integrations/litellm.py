@@ -29,7 +29,8 @@ How a request flows (the proxy's documented custom-callback hooks, ``CustomLogge
   seat, if still held, is released here.
 * **Rate-limit headers**: the provider's headers LiteLLM passes on (an answer's
   ``_hidden_params["additional_headers"]``, ``llm_provider-`` prefixed; an exception's
-  ``litellm_response_headers``) are read into the held seat (``Held.rate_reading``); a 429 whose
+  ``litellm_response_headers``) are read into the held seat (``Held.rate_reading``), which its
+  release carries (the ceilings learn from it); a 429 whose
   headers or error name a spent ceiling is released ``ceiling`` with that ceiling and its reset
   (the bucket is held, the estimate not cut) instead of ``rate_limited``. A reading that fails is
   logged and the release goes on.
@@ -349,6 +350,8 @@ class AdmissionHook(CustomLogger):
         spent = outcome == RATE_LIMITED and held.ceiling is not None
         ceiling = {"ceiling": held.ceiling, "reset_s": held.reset_s} if spent else {}
         said = "ceiling" if spent else outcome
+        if held.rate_reading is not None:  # what the provider's headers said: the ceilings learn from it
+            ceiling["reading"] = held.rate_reading
         try:
             try:
                 await adm.release(seat, outcome=said, seconds=seconds, cost_usd=cost, retry_after=retry_after,
