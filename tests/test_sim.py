@@ -553,4 +553,4 @@ def test_cli_ceilings_scenario_prints_its_table(capsys):
     rc = cli.main(["--scenario", "ceilings", "--runs", "1", "--workers", "1", "--no-progress", "--engine", ENGINE])
     assert rc == 0
     printed = capsys.readouterr().out
-    assert "with-ceilings" in printed and "without-ceilings" in printed and "tpm used %" in printed
+    assert "with-ceilings" in printed and "without-ceilings" in printed and "tpm used % (min 2+)" in printed

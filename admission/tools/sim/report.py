@@ -217,7 +217,8 @@ def ceilings_table(sc: dict[str, Any]) -> list[str]:
     share of each per-minute limit the provider counted in minutes 2 to the end, and the rounds."""
     pols = sc["policies"]
     kinds = list(dict.fromkeys(k for s in pols.values() for k in s["mean"]["used_pct_by"]))
-    header = ["policy", "provider 429s", *[f"429s {k}" for k in kinds], *[f"{k} used %" for k in kinds],
+    header = ["policy", "provider 429s from min 2", *[f"429s {k} (whole run)" for k in kinds],
+              *[f"{k} used % (min 2+)" for k in kinds],
               "binding", "rounds done"]
     rows = [[pol, _cell(s, "provider_429"), *[_cell(s, "provider_429_by", k) for k in kinds],
              *[_cell(s, "used_pct_by", k, 1) for k in kinds], _words(s["binding"], s["runs"]),
