@@ -140,3 +140,35 @@ def test_a_mode_that_does_not_drain_in_the_bound_exits_1_with_one_line(capsys, m
     assert captured.out == ""
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and "did not drain within the bound" in lines[0], captured.err
+
+
+# -- the ceilings case ----------------------------------------------------------------------------
+TINY_CEILINGS = ["--case", "ceilings", "--key", "openai", "--pods", "2", "--workers", "3", "--minutes", "3",
+                 "--scale", "60", "--engine", str(ENGINE), "--no-progress"]
+
+
+def test_the_ceilings_case_reports_every_contender(capsys):
+    """A tiny run of ``--case ceilings`` (one key, 3 provider minutes a contender at scale 60):
+    every contender has a row with the provider's 429s per ceiling, the share of each limit used
+    and the calls done. Only what holds by construction is asserted (the figures are timing's)."""
+    assert bench.main(["--provider", *TINY_CEILINGS, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["case"] == "ceilings"
+    assert [r["contender"] for r in result["rows"]] == ["none", "admission", "ceilings", "litellm"]
+    for r in result["rows"]:
+        assert r["key"] == "openai" and set(r["provider_429_by"]) >= {"rpm", "tpm"}, r
+        assert r["provider_429"] >= sum(r["provider_429_by"].values())
+        assert set(r["used_pct"]) == {"rpm", "tpm"} and r["binding"] in ("rpm", "tpm")
+        assert r["rounds"] > 0 and r["client_done"] <= r["rounds"]
+    text = provider_bench.ceilings_case.render(result)
+    for label in ("no admission", "admission, no ceilings", "admission, ceilings configured", "LiteLLM Router"):
+        assert label in text
+
+
+def test_the_ceilings_case_has_a_slot_for_learning_from_headers():
+    args = provider_bench.parser().parse_args(TINY_CEILINGS + ["--learning"])
+    s = provider_bench.cli.ceiling_settings_of(args)
+    assert s.contenders == ("none", "admission", "ceilings", "litellm", "headers")
+    assert "ceilings" not in provider_bench.ceilings_settings.admission_policy(
+        provider_bench.ceilings_settings.KEYS["openai"], s, "headers")  # it declares none: it learns them
+    assert provider_bench.main(["--case", "ceilings", "--minutes", "2"]) == 2  # the window starts at minute 2

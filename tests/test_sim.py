@@ -522,3 +522,35 @@ def test_the_sustained_table_prints_its_own_figures(tmp_path):
     assert rc == 0
     doc = json.loads((tmp_path / "s.json").read_text())
     assert set(doc["scenarios"]["sustained"]["policies"]) == set(scenarios.SINGLE)
+
+
+# -- ceilings -----------------------------------------------------------------------------------
+SMALL_KEY = dataclasses.replace(scenarios.make("ceilings", K).ceilings, pods=2, workers=8, minutes=5.0)
+
+
+def _ceiling_runs(backend, policy: str, n: int = 2) -> list[dict]:
+    sc = dataclasses.replace(scenarios.make("ceilings", K), ceilings=SMALL_KEY)
+    return [simulate(sc, policy, rng_for(1, "ceilings", r), backend=backend).figures() for r in range(n)]
+
+
+@needs_server
+def test_ceilings_in_the_policy_no_429_and_the_binding_limit_used(backend):
+    """A token-bound key (60 RPM, 100k TPM, prompt + max_tokens counted on arrival): with its
+    ceilings in the policy the admission meets no 429 and spends the TPM; without them
+    (concurrency alone, K̂ cut by each 429) it spends clearly less."""
+    with_ = _ceiling_runs(backend, "with-ceilings")
+    without = _ceiling_runs(backend, "without-ceilings")
+    for fig in with_:
+        assert fig["provider_429"] == 0 and sum(fig["provider_429_by"].values()) == 0
+        assert fig["binding"] == "tpm" and fig["binding_used_pct"] >= 90
+    assert mean(f["binding_used_pct"] for f in without) < 0.8 * mean(f["binding_used_pct"] for f in with_)
+    assert mean(f["rounds_done"] for f in without) < mean(f["rounds_done"] for f in with_)
+
+
+@needs_server
+def test_cli_ceilings_scenario_prints_its_table(capsys):
+    assert "ceilings" in scenarios.NAMES  # part of --scenario all (about a second a run)
+    rc = cli.main(["--scenario", "ceilings", "--runs", "1", "--workers", "1", "--no-progress", "--engine", ENGINE])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "with-ceilings" in printed and "without-ceilings" in printed and "tpm used % (min 2+)" in printed

@@ -59,7 +59,9 @@ overhead, plus 4 backoff caps) stops the run: one line on stderr, exit 1.
 
 The package, by section: ``settings`` (the burst, the policy, the yardsticks), ``pods`` (one pod
 process: a thread per round), ``parent`` (a provider per mode, the pods, the figures), ``output``
-(the table), ``cli`` (the command line).
+(the table), ``cli`` (the command line); the ceilings case (``--case ceilings``: a key with rate
+ceilings, no admission, the admission without and with its ceilings, a LiteLLM Router):
+``ceilings_settings``, ``ceilings_pods``, ``ceilings_case``.
 """
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ def parser(prog: str = "admission simulate") -> argparse.ArgumentParser:
         "The seed's Monte Carlo comparison on the shipped Lua: step, seed-and-grow and the oracle "
         "under the seed's provider model and measured load; provider-day, a working day on a key "
         "with a daily limit, with the provider's-day rules and without them; and provider-day-fallback, "
-        "that day with the same model on a second provider, with fallback and without."))
+        "that day with the same model on a second provider, with fallback and without; and ceilings, a "
+        "token-bound key with its rate ceilings in the policy and without them."))
     p.add_argument("--scenario", choices=(*scenarios.NAMES, "all"), default="all")
     p.add_argument("--runs", type=int, default=10, help="seeded runs per row (default 10)")
     p.add_argument("--seed", type=int, default=1, help="base seed (default 1)")

@@ -27,8 +27,11 @@ DAY_SCALARS = ("limit_usd", "policy_limit_usd", "over_policy_limit_usd", "spend_
 DAY_PER_KEY = ("spend_usd", "stopped_hour", "done", "refusals",
                "moved_minutes", "move_wait_minutes", "back_minutes", "asks_after_closure", "elsewhere_at_closure",
                "probes_by_lane", "other_spend_usd")
+#: ceilings (ceiling_run.CeilingSim.figures)
+CEILING_SCALARS = ("provider_429", "binding_used_pct", "rounds_done")
+CEILING_PER_KEY = ("provider_429_by", "used_pct_by", "refusals")
 #: words, counted over the runs: {value: runs}, per lane for the dict-valued ones
-DAY_WORDS = ("closed_by", "stopped_by", "lane_role", "pinned_waited_to_end")
+DAY_WORDS = ("closed_by", "stopped_by", "lane_role", "pinned_waited_to_end", "binding")
 
 
 def _stats(values: list[float | None]) -> dict[str, Any]:
@@ -49,7 +52,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """mean / min / max of every figure over the runs (None where no run has it), with ``n``
     (how many runs have it: a lane that did not drain within the horizon has no drain time)."""
     out: dict[str, Any] = {"mean": {}, "min": {}, "max": {}, "n": {}}
-    for name in SCALARS + DAY_SCALARS:
+    for name in SCALARS + DAY_SCALARS + CEILING_SCALARS:
         if name not in runs[0]:
             continue
         s = _stats([r[name] for r in runs])
@@ -62,7 +65,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             out[name] = {key: _count(r[name].get(key) for r in runs) for key in runs[0][name]}
         else:
             out[name] = _count(r[name] for r in runs)
-    for name in PER_KEY + DAY_PER_KEY:
+    for name in PER_KEY + DAY_PER_KEY + CEILING_PER_KEY:
         if name not in runs[0]:
             continue
         keys = list(dict.fromkeys(k for r in runs for k in r[name]))
@@ -132,7 +135,7 @@ def table(doc: dict[str, Any]) -> str:
     """Per scenario: one row per policy, the means over the runs with [min–max]."""
     cfg = doc["config"]
     horizon = cfg["hours"] * 60.0
-    drains = any(name not in scenarios.DAYS for name in doc["scenarios"])
+    drains = any(name not in scenarios.DAYS and name != "ceilings" for name in doc["scenarios"])
     lines = [f"{cfg['runs']} seeded runs per row (seed {cfg['seed']}), mean [min–max]; K = {cfg['capacity']:g}"
              + (f"; drain in minutes from the start of the load ('>{horizon:.0f}': not drained within "
                 f"{cfg['hours']:g} h)" if drains else ""), ""]
@@ -142,6 +145,9 @@ def table(doc: dict[str, Any]) -> str:
             continue
         if name == "sustained":
             lines += sustained_table(sc)
+            continue
+        if name == "ceilings":
+            lines += ceilings_table(sc)
             continue
         pols = sc["policies"]
         first = next(iter(pols.values()))
@@ -204,6 +210,20 @@ def sustained_table(sc: dict[str, Any]) -> list[str]:
            "  ".join("-" * w for w in widths)]
     out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     return out + [""]
+
+
+def ceilings_table(sc: dict[str, Any]) -> list[str]:
+    """ceilings: per policy, the provider's 429s (from minute 2; per ceiling over the run), the
+    share of each per-minute limit the provider counted in minutes 2 to the end, and the rounds."""
+    pols = sc["policies"]
+    kinds = list(dict.fromkeys(k for s in pols.values() for k in s["mean"]["used_pct_by"]))
+    header = ["policy", "provider 429s from min 2", *[f"429s {k} (whole run)" for k in kinds],
+              *[f"{k} used % (min 2+)" for k in kinds],
+              "binding", "rounds done"]
+    rows = [[pol, _cell(s, "provider_429"), *[_cell(s, "provider_429_by", k) for k in kinds],
+             *[_cell(s, "used_pct_by", k, 1) for k in kinds], _words(s["binding"], s["runs"]),
+             _cell(s, "rounds_done")] for pol, s in pols.items()]
+    return _block(f"ceilings — {sc['about']}", header, rows)
 
 
 def _clock(h: float) -> str:

@@ -78,8 +78,12 @@ class Job:
 
 
 def simulate(sc: scenarios.Scenario, policy: str, rng: np.random.Generator, *, hours: float = 10.0,
-             backend: Backend | None = None, record: bool = False) -> Sim:
+             backend: Backend | None = None, record: bool = False) -> Any:
     """One run of one policy on one scenario (the load is drawn first from ``rng``)."""
+    if sc.ceilings is not None:
+        from .ceiling_run import CeilingSim
+
+        return CeilingSim((backend or _backend()).client(), policy, rng, sc.ceilings).run()
     items = sc.build(rng)
     client = None
     if policy in REDIS_BACKED:
@@ -103,7 +107,8 @@ def run_job(job: Job, backend: Backend | None = None) -> tuple[Job, dict[str, An
                    hours=job.hours, backend=backend, record=job.record)
     figures = sim.figures()
     figures["wall_seconds"] = time.perf_counter() - started
-    return job, figures, (sim.trace.points if sim.trace is not None else None)
+    trace = getattr(sim, "trace", None)
+    return job, figures, (trace.points if trace is not None else None)
 
 
 # -- worker processes ------------------------------------------------------------------------

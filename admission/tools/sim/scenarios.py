@@ -2,7 +2,8 @@
 which pool and pod, where the measured window starts, and which policies are compared. The first
 four are the seed's Monte Carlo comparison; ``provider-day`` is the seed's incident of the day a
 provider key hit its daily limit (``day.DaySim``); ``provider-day-fallback`` is that day with the
-same model on a second provider to move to."""
+same model on a second provider to move to; ``ceilings`` is a token-bound key with its rate ceilings
+in the policy and without them (``ceiling_run.CeilingSim``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,10 +13,12 @@ import numpy as np
 
 from . import load as L
 from .load import Item
+from .ceiling_run import OPENAI, Workload
+from .ceiling_run import POLICIES as CEILING_POLICIES
 from .policies import EU, PINNED_LANES, ROUTER
 
 # (a new scenario goes last: a run's random stream is seeded by the scenario's place here)
-NAMES = ("burst", "idle", "isolation", "multipod", "provider-day", "provider-day-fallback", "sustained")
+NAMES = ("burst", "idle", "isolation", "multipod", "provider-day", "provider-day-fallback", "sustained", "ceilings")
 SINGLE = ("step", "seed-and-grow", "oracle")
 DAY_POLICIES = ("with-rules", "without-rules")
 FALLBACK_POLICIES = ("fallback", "no-fallback")
@@ -41,6 +44,7 @@ class Scenario:
     # day: the keys of the other providers, provider -> daily limit (None: no limit); the first
     # pool's provider holds the key of ``limit_usd``
     other_keys: dict[str, float | None] | None = None
+    ceilings: Workload | None = None  # runs on ceiling_run.CeilingSim with this key and workload
 
 
 def burst(k: float) -> Scenario:
@@ -117,9 +121,21 @@ def provider_day_fallback(k: float) -> Scenario:
                           f"hard-pinned: {', '.join(PINNED_LANES)}")
 
 
+def ceilings(k: float) -> Scenario:
+    """A token-bound key (ceiling_run.OPENAI), with its ceilings in the policy and without them;
+    the provider has no concurrency limit, so K plays no part (no pool has one)."""
+    w = OPENAI
+    limits = ", ".join(f"{v:,.0f} {kind.upper()}" for kind, v in w.limits.items())
+    return Scenario("ceilings", {}, w.pods, CEILING_POLICIES, lambda rng: [],
+                    hours=w.minutes / 60.0, ceilings=w,
+                    about=f"{w.pods} pods × {w.workers} workers on one key of {limits} ({w.style} style), "
+                          f"prompts {w.prompt[0]:,}–{w.prompt[1]:,} tokens, max_tokens {w.max_tokens:,}, "
+                          f"{w.minutes:g} provider minutes; figures from minute 2")
+
+
 def make(name: str, capacity: float) -> Scenario:
     try:
         return {"burst": burst, "idle": idle, "isolation": isolation, "multipod": multipod, "sustained": sustained,
-                "provider-day": provider_day, "provider-day-fallback": provider_day_fallback}[name](capacity)
+                "provider-day": provider_day, "provider-day-fallback": provider_day_fallback, "ceilings": ceilings}[name](capacity)
     except KeyError:
         raise ValueError(f"unknown scenario {name!r}; known: {', '.join(NAMES)}") from None

@@ -1,0 +1,173 @@
+"""``admission bench --provider --case ceilings``: the same fake provider key with rate ceilings,
+the same workload, one contender after another (docs/benchmark.md, "The ceilings case").
+
+Per key (``ceilings_settings.KEYS``: OpenAI style 60 RPM / 100k TPM; Anthropic style 50 RPM /
+30k ITPM / 8k OTPM with 70 % cache reads; the OpenAI key 30 % spent from outside the mesh) and
+per contender, a fresh fake provider (no concurrency limit to speak of: every 429 is a ceiling's)
+and an empty Redis; ``pods`` pod processes of ``workers`` threads each call it for ``minutes``
+provider minutes (``scale`` provider seconds per real second), every thread one call after
+another, each call a prompt of 1k-3k tokens with ``max_tokens`` 1,024 (the fake provider answers
+the whole budget). The run starts on a provider minute, so the provider's per-minute counts are
+the run's minutes.
+
+Per contender, from the provider's own ``/stats``: its 429s per ceiling, the share of each
+per-minute limit (less the outside traffic) the mesh's requests counted in minutes 2 to the end,
+the binding one (the most used), and the calls that succeeded.
+
+The time scale, and what it changes: the admission runs on Redis' real clock, so its ceilings are
+the key's per real minute (limit × scale) and its request bucket's burst one provider second (the
+LiteLLM Router's ``rpm``/``tpm`` are per real minute too);
+a token bucket then holds one real minute, ``scale`` provider minutes. So that it starts as the
+provider's does, the parent sets the admission's token buckets to one provider minute just
+before the start (after that the workload keeps them from filling: demand is above every limit).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+from ...core import mesh_key
+from ..logs import quiet_logs
+from ..servers import LocalServer
+from ..sim import ceilings as C
+from ..tables import table
+from .ceilings_pods import CEILING_MESH, CeilingPods
+from .ceilings_settings import (KEYS, LABELS, MAX_TOKENS, SCOPE, WARMUP_MINUTES, CeilingSettings, Key,
+                                admission_policy, effective_limits)
+from .settings import POOL
+
+#: the fake provider's capacity K: far above any concurrency this workload reaches
+NO_CONCURRENCY_LIMIT = 10_000
+HEADROOM = 0.97  # the policy's default
+
+
+def _prepare(contender: str, key: Key, s: CeilingSettings, redis_url: str) -> None:
+    import redis
+
+    from ...client import Admission
+
+    r = redis.Redis.from_url(redis_url)
+    try:
+        r.flushall()
+        if contender in ("admission", "ceilings", "headers"):
+            adm = Admission(r, mesh=CEILING_MESH, pod="bench-parent", background=False)
+            adm.ops.apply_policy(admission_policy(key, s, contender), recovery_hold=False)
+    finally:
+        r.close()
+
+
+def _one_provider_minute(key: Key, redis_url: str) -> None:
+    """The admission's token buckets hold one provider minute at the start (see the docstring)."""
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    try:
+        sec, usec = r.time()
+        now = sec + usec / 1e6
+        fields: dict[str, Any] = {"at": repr(now), "day": str(math.floor(now / C.DAY))}
+        for kind, limit in key.limits.items():
+            if kind in C.MINUTE_KINDS and kind not in C.REQUEST_KINDS:
+                fields[kind] = repr(limit * HEADROOM)
+        r.hset(mesh_key(CEILING_MESH, "ceil", SCOPE), mapping=fields)
+    finally:
+        r.close()
+
+
+def _on_a_minute(provider: Any, scale: float) -> int:
+    """Sleep until the provider's next minute starts; its index."""
+    sim = provider.provider.sim()
+    minute = math.floor(sim / C.MINUTE) + 1
+    time.sleep(max(0.0, (minute * C.MINUTE - sim) / scale))
+    return minute
+
+
+def _row(contender: str, key: Key, s: CeilingSettings, stats: dict[str, Any], m0: int,
+         reports: list[dict[str, Any]]) -> dict[str, Any]:
+    c = stats["ceilings"]
+    window = range(m0 + WARMUP_MINUTES, m0 + math.floor(s.minutes))
+    used_pct: dict[str, float | None] = {}
+    for kind, eff in effective_limits(key).items():
+        minutes = c["used"].get(kind, {}).get("per_minute", [])
+        counted = sum(minutes[m] for m in window if m < len(minutes))
+        used_pct[kind] = round(100.0 * counted / (eff * len(window)), 1) if len(window) and eff > 0 else None
+    shares = {k: v for k, v in used_pct.items() if v is not None}
+    binding = max(shares, key=shares.get) if shares else None
+    total = stats["total"]
+    return {"key": key.name, "contender": contender, "label": LABELS[contender],
+            "provider_429": int(total.get("429", 0)),
+            "provider_429_by": {k: int(v) for k, v in c["429"].items()},
+            "used_pct": used_pct, "binding": binding,
+            "binding_used_pct": shares.get(binding) if binding else None,
+            "rounds": int(total.get("completions", 0)),
+            "client_done": sum(r["done"] for r in reports)}
+
+
+def run(s: CeilingSettings, progress: bool = False) -> dict[str, Any]:
+    """Every key, every contender; the figures (what --json prints)."""
+    from ..fake_provider import FakeProviderServer
+    import sys
+
+    if s.minutes < WARMUP_MINUTES + 1:
+        raise ValueError(f"minutes must be at least {WARMUP_MINUTES + 1} (the window starts at minute "
+                         f"{WARMUP_MINUTES})")
+    started = time.monotonic()
+    rows: list[dict[str, Any]] = []
+    with quiet_logs(library=False), LocalServer(s.engine) as server:
+        pods = CeilingPods(s.pods)
+        try:
+            for name in s.keys:
+                key = KEYS[name]
+                for contender in s.contenders:
+                    _prepare(contender, key, s, server.url)
+                    provider = FakeProviderServer(
+                        capacity=NO_CONCURRENCY_LIMIT, scale=s.scale, seed=s.seed, tokens=MAX_TOKENS,
+                        ceilings=dict(key.limits), style=key.style, outside=dict(key.outside),
+                        rpm_burst_s=key.rpm_burst_s, cache_read_share=key.cache_read_share)
+                    url = provider.start()
+                    start: list[int] = []
+
+                    def at_start() -> None:
+                        start.append(_on_a_minute(provider, s.scale))
+                        if contender == "ceilings":
+                            _one_provider_minute(key, server.url)
+
+                    if progress:
+                        print(f"ceilings case: {name} / {LABELS[contender]} ({s.real_s:.0f} s) ...",
+                              file=sys.stderr, flush=True)
+                    job = {"contender": contender, "provider_url": url, "redis_url": server.url,
+                           "scale": s.scale, "seed": s.seed, "workers": s.workers, "real_s": s.real_s,
+                           "limits": {k: v * s.scale for k, v in key.limits.items()}}  # per real minute
+                    try:
+                        reports = pods.run(job, at_start)
+                        stats = provider.stats()
+                    finally:
+                        provider.stop()
+                    rows.append(_row(contender, key, s, stats, start[0], reports))
+        finally:
+            pods.close()
+    return {"case": "ceilings", "settings": dataclasses.asdict(s),
+            "keys": {n: KEYS[n].about for n in s.keys}, "rows": rows,
+            "elapsed_s": round(time.monotonic() - started, 1)}
+
+
+COLUMNS = ("key", "contender", "provider 429s", "429s per ceiling", "used % (minutes 2+)", "binding", "rounds")
+
+
+def render(result: dict[str, Any], markdown: bool = False) -> str:
+    s = result["settings"]
+    rows = [[r["key"], r["label"], f"{r['provider_429']:,}",
+             ", ".join(f"{k} {v:,}" for k, v in r["provider_429_by"].items()) or "—",
+             ", ".join(f"{k} {v:g}" for k, v in r["used_pct"].items() if v is not None),
+             "—" if r["binding"] is None else f"{r['binding']} {r['binding_used_pct']:g} %", f"{r['rounds']:,}"]
+            for r in result["rows"]]
+    head = (f"admission bench --provider --case ceilings — {s['pods']} pods × {s['workers']} workers, "
+            f"{s['minutes']:g} provider minutes per contender at scale {s['scale']:g}, seed {s['seed']}, {s['engine']}")
+    lines = table(COLUMNS, rows, markdown, right=(2, 6))
+    keys = [f"{n}: {about}" for n, about in result["keys"].items()]
+    return "\n".join([f"**{head}**" if markdown else head, ""] + lines + ["", *(("- " if markdown else "") + k
+                                                                          for k in keys),
+                      f"{'- ' if markdown else ''}used %: what the mesh's requests counted of each per-minute "
+                      "limit (less the outside traffic) in minutes 2 to the end, the provider's count; "
+                      f"whole run {result['elapsed_s']:.0f} s"])

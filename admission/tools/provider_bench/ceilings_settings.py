@@ -1,0 +1,91 @@
+"""The ceilings case's settings: the provider keys (their rate ceilings), the contenders, the
+workload and the admission's policies (``admission bench --provider --case ceilings``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..sim import ceilings as C
+from .settings import LANE, POOL, PROVIDER, scaled_tunables
+
+
+@dataclass(frozen=True)
+class Key:
+    """One provider key as the fake provider enforces it (``sim/ceilings.py`` counts it)."""
+
+    name: str
+    about: str
+    limits: dict[str, float]
+    style: str = "openai"
+    outside: dict[str, float] = field(default_factory=dict)  # per provider minute, from outside the mesh
+    cache_read_share: float = 0.0
+    rpm_burst_s: float = 1.0  # "60 RPM may be enforced as 1 request per second"
+
+
+KEYS = {
+    "openai": Key("openai", "60 RPM, 100k TPM (OpenAI style)", {"rpm": 60.0, "tpm": 100_000.0}),
+    "anthropic": Key("anthropic", "50 RPM, 30k ITPM, 8k OTPM (Anthropic style, 70 % cache reads)",
+                     {"rpm": 50.0, "itpm": 30_000.0, "otpm": 8_000.0}, style="anthropic", cache_read_share=0.7),
+    "outside": Key("outside", "60 RPM, 100k TPM, 30 % spent from outside the mesh",
+                   {"rpm": 60.0, "tpm": 100_000.0}, outside={"tpm": 30_000.0}),
+}
+#: the contenders, in their order in the table; "headers" (the admission learning the ceilings from
+#: the providers' headers alone) runs only with --learning (it needs issue 25 part 4)
+CONTENDERS = ("none", "admission", "ceilings", "litellm", "headers")
+DEFAULT_CONTENDERS = ("none", "admission", "ceilings", "litellm")
+LABELS = {"none": "no admission (retry-after / backoff)", "admission": "admission, no ceilings",
+          "ceilings": "admission, ceilings configured", "litellm": "LiteLLM Router (usage-based v2, shared Redis)",
+          "headers": "admission, learning from headers only"}
+SCOPE = "key"
+#: the measured window starts at this provider minute of the run (minutes 2 to the end)
+WARMUP_MINUTES = 2
+#: what each call sends: a prompt of 1k-3k tokens (4 characters a token, as the fake provider
+#: counts them, and one cl100k token per " abc" as LiteLLM's counter does) and an answer budget
+PROMPT = (1_000, 3_000)
+MAX_TOKENS = 1_024
+#: the clients' backoff without a retry-after: full jitter, provider seconds (scaled to real)
+BACKOFF_BASE, BACKOFF_CAP = 1.0, 30.0
+
+
+@dataclass(frozen=True)
+class CeilingSettings:
+    keys: tuple[str, ...] = ("openai", "anthropic", "outside")
+    contenders: tuple[str, ...] = DEFAULT_CONTENDERS
+    pods: int = 4
+    workers: int = 16            # threads per pod
+    minutes: float = 10.0        # provider minutes per contender
+    scale: float = 10.0          # provider seconds per real second
+    seed: int = 1
+    engine: str = "redis"
+
+    @property
+    def real_s(self) -> float:
+        return self.minutes * 60.0 / self.scale
+
+
+def admission_policy(key: Key, s: CeilingSettings, contender: str) -> dict[str, Any]:
+    """One lane owning the pool; the provider's durations scaled (as the burst's); with
+    ``ceilings`` the key's limits as ``[ceilings.key]``, per real minute (the provider's per
+    provider minute × scale), the request bucket's burst one provider second."""
+    pol: dict[str, Any] = {"tunables": scaled_tunables(s.scale),
+                           "lanes": {LANE: {"floor": 1.0, "weight": 1, "priority": 1}},
+                           "providers": {PROVIDER: {}}, "pools": {POOL: {}}}
+    if contender == "ceilings":
+        scope: dict[str, Any] = {kind: limit * s.scale for kind, limit in key.limits.items()}
+        if "rpm" in scope:
+            scope["burst_s"] = max(0.001, key.rpm_burst_s / s.scale)
+        if key.style == "anthropic":
+            scope["output_charge"] = "received"
+        pol["ceilings"] = {SCOPE: scope}
+        pol["pools"][POOL]["ceilings"] = SCOPE
+    return pol
+
+
+def effective_limits(key: Key) -> dict[str, float]:
+    """Per per-minute limit: what the mesh can have of it (the limit less the outside traffic)."""
+    out = {}
+    for kind, limit in key.limits.items():
+        if kind in C.MINUTE_KINDS:
+            drain = sum(rate for what, rate in key.outside.items() if kind in C.OUTSIDE_DRAINS[what])
+            out[kind] = limit - drain
+    return out
