@@ -218,8 +218,8 @@ end
 -- every bucket of the pool's scope must cover it, and all are debited together, or none. The
 -- refusal's reason (ceiling-<limit>) or nil; r.res is the reservation to keep on the seat, and
 -- r.wait_s the refusal's wait. A delegated round is debited, never refused (its parent runs).
-local function ceilings_refuse(r, pool, delegated)
-  local scope = scope_for(r.cfg, pool)
+local function ceilings_refuse(r, pool, p, delegated)
+  local scope = scope_for(r.cfg, pool, p)
   if not scope then return nil end
   local b = load_scope(r.cfg, scope, r.now)
   if not b then return nil end -- a learned scope without a limit yet
@@ -249,7 +249,7 @@ local function consider(r, pool, provider)
     local g = gate(T, pv, nil, p, now, nil)
     if g == 'paused' then g = nil end -- part of its parent's round, which holds a seat already
     if g and g ~= 'probe' then return false, g, false, p end
-    ceilings_refuse(r, pool, true)
+    ceilings_refuse(r, pool, p, true)
     if g == 'probe' then return true, 'probe', true, p end
     return true, 'delegated', false, p
   end
@@ -268,7 +268,7 @@ local function consider(r, pool, provider)
     if oldest ~= id then return false, 'behind-older', false, p end
   end
   if g == 'probe' then
-    local spent = ceilings_refuse(r, pool)
+    local spent = ceilings_refuse(r, pool, p)
     if spent then return false, spent, false, p end
     return true, 'probe', true, p
   end
@@ -276,7 +276,7 @@ local function consider(r, pool, provider)
   if cap_line_refuses(T, p, r.tokens) then return false, 'cap-line', false, p end
   local ok, why = decide(cfg, T, p, L, lane, r.u, guarded_at(m, 0))
   if ok then
-    local spent = ceilings_refuse(r, pool)
+    local spent = ceilings_refuse(r, pool, p)
     if spent then return false, spent, false, p end
   end
   return ok, why, false, p

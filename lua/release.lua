@@ -85,6 +85,7 @@ local MAX_RESET = 86400
 
 -- What the provider counted (ARGV[11..14]); nil when nothing was reported.
 local function usage_args()
+  if #ARGV < 11 then return nil end -- the common release sends none: no table built
   local given = {uncached = ARGV[11], creation = ARGV[12], reads = ARGV[13], output = ARGV[14]}
   local u, any = {uncached = 0, creation = 0, reads = 0, output = 0}, false
   for f, s in pairs(given) do

@@ -104,10 +104,13 @@ local function load_scope(cfg, name, now)
 end
 
 -- The scope a pool's rounds count against: its configured one, else the one it learned from
--- the providers' headers (named after the pool; readings.lua creates it), else nil.
-local function scope_for(cfg, pool)
+-- the providers' headers (named after the pool; readings.lua creates it and marks the pool's
+-- hash `learnedScope`), else nil. With the pool's state `p` (an admit has it) the mark is read
+-- from it: a pool without ceilings pays no command for them.
+local function scope_for(cfg, pool, p)
   local scope = cfg.scope_of[pool]
   if scope then return scope end
+  if p then return p.learnedScope == '1' and pool or nil end
   if redis.call('EXISTS', key('ceil', pool)) == 1 then return pool end
   return nil
 end

@@ -81,6 +81,8 @@ local function learn(cfg, scope, r, now)
       end
     end
     if #args > 2 then redis.call('HSET', k, unpack(args)) end
+    -- a pool that configures no scope learns one named after it: its admits find it by this mark
+    if not read_at and not cfg.ceilings[scope] then redis.call('HSET', key('pool', scope), 'learnedScope', '1') end
   end
   if math.abs(now - r.at) >= FRESH_S then return end
   local b = load_scope(cfg, scope, now)
