@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from .ceilings_settings import BACKOFF_BASE, BACKOFF_CAP, MAX_TOKENS, PROMPT
+from .pods import stop_pods
 from .settings import LANE, MESH, MODEL, POOL, SETUP_TIMEOUT, backoff_s
 
 #: (the ceilings case gets its own mesh prefix so it never reads the burst's state)
@@ -258,11 +259,4 @@ class CeilingPods:
         return got
 
     def close(self, wait: float = 10.0) -> None:
-        for q in self.commands:
-            with contextlib.suppress(Exception):
-                q.put(None)
-        for p in self.procs:
-            p.join(timeout=wait)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
+        stop_pods(self.commands, self.procs, wait)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from .. import write_json
 from ..arguments import OneLineParser, UsageError, positive_float, positive_int
@@ -95,12 +95,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.case == "ceilings":
         return _ceilings(args, s)
-    if find_server(s.engine) is None:
-        print(f"{PROG}: error: no {s.engine} server binary found", file=sys.stderr)
+    return _run_and_print(args, s.engine, lambda progress: run(s, progress=progress), render, NotDrained)
+
+
+def _run_and_print(args: argparse.Namespace, engine: str, run_case: Any, render_case: Any,
+                   failure: type[BaseException]) -> int:
+    """One case, end to end: its server binary checked, run, printed (or its JSON), a run that
+    fails with ``failure`` a one-line error."""
+    if find_server(engine) is None:
+        print(f"{PROG}: error: no {engine} server binary found", file=sys.stderr)
         return 2
     try:
-        result = run(s, progress=not args.no_progress)
-    except NotDrained as exc:
+        result = run_case(progress=not args.no_progress)
+    except failure as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -109,28 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json == "-":
         print(json.dumps(result, indent=2), flush=True)
         return 0
-    print(render(result, markdown=args.markdown), flush=True)
+    print(render_case(result, markdown=args.markdown), flush=True)
     if args.json:
         write_json(args.json, result)
     return 0
 
 
 def _ceilings(args: argparse.Namespace, s: CeilingSettings) -> int:
-    if find_server(s.engine) is None:
-        print(f"{PROG}: error: no {s.engine} server binary found", file=sys.stderr)
-        return 2
-    try:
-        result = ceilings_case.run(s, progress=not args.no_progress)
-    except RuntimeError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    if args.json == "-":
-        print(json.dumps(result, indent=2), flush=True)
-        return 0
-    print(ceilings_case.render(result, markdown=args.markdown), flush=True)
-    if args.json:
-        write_json(args.json, result)
-    return 0
+    return _run_and_print(args, s.engine, lambda progress: ceilings_case.run(s, progress=progress),
+                          ceilings_case.render, RuntimeError)

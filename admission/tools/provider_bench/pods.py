@@ -242,12 +242,17 @@ class Pods:
         return got
 
     def close(self, wait: float = 10.0) -> None:
-        """Stop the pods: each is told to, waited for ``wait`` seconds, then terminated."""
-        for q in self.commands:
-            with contextlib.suppress(Exception):
-                q.put(None)
-        for p in self.procs:
-            p.join(timeout=wait)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
+        stop_pods(self.commands, self.procs, wait)
+
+
+def stop_pods(commands: list[Any], procs: list[Any], wait: float = 10.0) -> None:
+    """Stop pod processes: each is told to (None on its command queue), waited for ``wait``
+    seconds, then terminated (both benchmark cases' fleets)."""
+    for q in commands:
+        with contextlib.suppress(Exception):
+            q.put(None)
+    for p in procs:
+        p.join(timeout=wait)
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=5)
