@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core import empty_list, mesh_key
+from .core import empty_list
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,6 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "seats": self.seats, "tickets": self.tickets, "problems": list(self.problems)}
-
-
-def config_key(mesh: str) -> str:
-    return mesh_key(mesh, "config")
 
 
 def decode(raw: Any) -> Report:
