@@ -12,9 +12,11 @@ import json
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from admission.tools import bench, provider_bench
+from admission.tools.provider_bench import ceilings_pods  # noqa: F401 - the submodule, for provider_bench.ceilings_pods
 from admission.tools.servers import find_server
 
 ENGINE = "redis" if find_server("redis") else ("valkey" if find_server("valkey") else None)
@@ -154,21 +156,32 @@ def test_the_ceilings_case_reports_every_contender(capsys):
     assert bench.main(["--provider", *TINY_CEILINGS, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["case"] == "ceilings"
-    assert [r["contender"] for r in result["rows"]] == ["none", "admission", "ceilings", "litellm"]
+    assert [r["contender"] for r in result["rows"]] == ["none", "admission", "ceilings", "headers", "litellm"]
     for r in result["rows"]:
         assert r["key"] == "openai" and set(r["provider_429_by"]) >= {"rpm", "tpm"}, r
         assert r["provider_429"] >= sum(r["provider_429_by"].values())
         assert set(r["used_pct"]) == {"rpm", "tpm"} and r["binding"] in ("rpm", "tpm")
         assert r["rounds"] > 0 and r["client_done"] <= r["rounds"]
     text = provider_bench.ceilings_case.render(result)
-    for label in ("no admission", "admission, no ceilings", "admission, ceilings configured", "LiteLLM Router"):
+    for label in ("no admission", "admission, no ceilings", "admission, ceilings configured",
+                  "admission, learning from headers only", "LiteLLM Router"):
         assert label in text
 
 
-def test_the_ceilings_case_has_a_slot_for_learning_from_headers():
-    args = provider_bench.parser().parse_args(TINY_CEILINGS + ["--learning"])
+def test_the_ceilings_case_learns_from_headers_scaled_to_its_clock():
+    """The headers contender's policy declares no ceiling (it learns them), and the harness scales
+    the provider's limits (per provider minute) to the run's real clock, leaving the rest."""
+    args = provider_bench.parser().parse_args(TINY_CEILINGS)
     s = provider_bench.cli.ceiling_settings_of(args)
-    assert s.contenders == ("none", "admission", "ceilings", "litellm", "headers")
+    assert s.contenders == ("none", "admission", "ceilings", "headers", "litellm")
+    headers = httpx.Headers({"x-ratelimit-limit-tokens": "100000", "x-ratelimit-remaining-tokens": "4000",
+                             "x-ratelimit-reset-tokens": "6s", "anthropic-ratelimit-output-tokens-limit": "8000",
+                             "anthropic-ratelimit-output-tokens-remaining": "1000", "retry-after": "2"})
+    provider_bench.ceilings_pods.scaled_limits(headers, 10.0)
+    assert headers["x-ratelimit-limit-tokens"] == "1000000"
+    assert headers["anthropic-ratelimit-output-tokens-limit"] == "80000"
+    assert headers["x-ratelimit-remaining-tokens"] == "4000" and headers["x-ratelimit-reset-tokens"] == "6s"
+    assert headers["anthropic-ratelimit-output-tokens-remaining"] == "1000" and headers["retry-after"] == "2"
     assert "ceilings" not in provider_bench.ceilings_settings.admission_policy(
         provider_bench.ceilings_settings.KEYS["openai"], s, "headers")  # it declares none: it learns them
     assert provider_bench.main(["--case", "ceilings", "--minutes", "2"]) == 2  # the window starts at minute 2

@@ -9,9 +9,11 @@ How each contender calls (the same OpenAI SDK client, no SDK retries):
   sets ``handle.usage`` from the answer's usage (uncached input, cache reads, output), so the
   ceilings reserve and reconcile what the provider counts; with ``ceilings`` and ``headers`` a 429
   that names a spent ceiling sets ``handle.ceiling``/``reset_s`` (``admission.ratelimits``), so it
-  is no load signal. (The integrations do none of this yet, issue 25 parts 4 and 5; with them
-  this is ``integrations.openai.wrap``.) A 429 ends the round (``rate_limited``, or ``ceiling``)
-  with its retry-after and the call asks again through the admission (no backoff);
+  is no load signal; with ``headers`` every response's rate-limit headers (success or 429) go
+  with the round's end (``handle.rate_reading``), as the integrations send them, after the
+  harness has scaled their limits to the run's clock (``scaled_limits``). A 429 ends the round
+  (``rate_limited``, or ``ceiling``) with its retry-after and the call asks again through the
+  admission (no backoff);
 * ``litellm``: ``litellm.Router`` with ``routing_strategy="usage-based-routing-v2"``, the key's
   ``rpm``/``tpm`` on its one deployment and the bench's Redis (``redis_host``/``redis_port``), so
   its pods share their usage; no retries inside it: a refusal (the router's own or the provider's)
@@ -25,6 +27,7 @@ import multiprocessing
 import os
 import queue as queue_mod
 import random
+import re
 import signal
 import threading
 import time
@@ -81,6 +84,19 @@ def _name_the_ceiling(handle: Any, exc: BaseException) -> None:
     handle.ceiling, handle.reset_s = reading.spent, min(86_400.0, max(0.0, reset or 0.0))
 
 
+#: the headers that carry a limit (per provider minute or day), OpenAI and Anthropic style
+_LIMIT_HEADER = re.compile(r"^(x-ratelimit-limit-\w+|anthropic-ratelimit-[\w-]+-limit)$")
+
+
+def scaled_limits(headers: Any, scale: float) -> None:
+    """The fake provider's limits count provider minutes; the admission's buckets run on Redis'
+    real clock, so its ceilings are per real minute: limit × ``scale``, as the configured
+    contender's policy has them. Its remainings (a level) and resets (real time) stay as sent."""
+    for name in [n for n in headers.keys() if _LIMIT_HEADER.match(n.lower())]:
+        with contextlib.suppress(ValueError):
+            headers[name] = f"{float(headers[name]) * scale:.0f}"
+
+
 def _is_refusal(exc: BaseException) -> bool:
     return getattr(exc, "status_code", None) in (429, 529) or type(exc).__name__ in ("RateLimitError",
                                                                                   "RouterRateLimitError")
@@ -97,10 +113,13 @@ class _Caller:
         self.scale = job["scale"]
         self.rng = random.Random(f"{job['seed']}-{self.mode}-{pod}")  # the backoff's draws
         self.adm = self.router = None
+        self.last = threading.local()  # each worker thread's last response headers (``headers``)
+        hooks = {"response": [self._seen]} if self.mode == "headers" else {}
         self.sdk = openai.OpenAI(base_url=job["provider_url"] + "/v1", api_key="bench", max_retries=0,
                                  timeout=600.0, http_client=openai.DefaultHttpxClient(
                                      limits=httpx.Limits(max_connections=threads + 8,
-                                                         max_keepalive_connections=threads + 8)))
+                                                         max_keepalive_connections=threads + 8),
+                                     event_hooks=hooks))
         if self.mode in ("admission", "ceilings", "headers"):
             from ...client import Admission
 
@@ -121,6 +140,20 @@ class _Caller:
                 routing_strategy="usage-based-routing-v2", redis_host=url.hostname, redis_port=url.port,
                 num_retries=0, allowed_fails=10**9, cooldown_time=0)
 
+    def _seen(self, response: Any) -> None:
+        scaled_limits(response.headers, self.scale)
+        self.last.headers = response.headers
+
+    def _reading(self, exc: BaseException | None = None) -> Any:
+        """The reading of this call's response (the error's, else the one the hook saw), or None."""
+        from ...ratelimits import read
+
+        if exc is not None:
+            response = getattr(exc, "response", None)
+            return None if response is None else read(response.headers, getattr(exc, "status_code", None), exc)
+        headers = getattr(self.last, "headers", None)
+        return None if headers is None else read(headers)
+
     def call(self, prompt: int, rid: str, end: float) -> str:
         """One call until it succeeds (``"done"``) or the run ends (``"end"``); refusals counted."""
         messages = [{"role": "user", "content": prompt_text(prompt)}]
@@ -131,14 +164,19 @@ class _Caller:
                     with self.adm.round(lane=LANE, model=POOL, round_id=f"{rid}.{failures}",
                                         timeout=max(0.05, end - time.monotonic()),
                                         input_tokens=prompt, max_tokens=MAX_TOKENS) as r:
+                        self.last.headers = None
                         try:
                             resp = self.sdk.chat.completions.create(model=MODEL, messages=messages,
                                                                     max_tokens=MAX_TOKENS)
                         except Exception as exc:
                             if self.mode != "admission":
                                 _name_the_ceiling(r, exc)
+                            if self.mode == "headers":
+                                r.rate_reading = self._reading(exc)
                             raise
                         r.usage = _usage(resp)
+                        if self.mode == "headers":
+                            r.rate_reading = self._reading()
                 elif self.router is not None:
                     self.router.completion(model=MODEL, messages=messages, max_tokens=MAX_TOKENS)
                 else:

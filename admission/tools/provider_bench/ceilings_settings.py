@@ -29,10 +29,10 @@ KEYS = {
     "outside": Key("outside", "60 RPM, 100k TPM, 30 % spent from outside the mesh",
                    {"rpm": 60.0, "tpm": 100_000.0}, outside={"tpm": 30_000.0}),
 }
-#: the contenders, in their order in the table; "headers" (the admission learning the ceilings from
-#: the providers' headers alone) runs only with --learning (it needs issue 25 part 4)
-CONTENDERS = ("none", "admission", "ceilings", "litellm", "headers")
-DEFAULT_CONTENDERS = ("none", "admission", "ceilings", "litellm")
+#: the contenders, in their order in the table; "headers": the admission learning the ceilings from
+#: the providers' headers alone (its policy declares none)
+CONTENDERS = ("none", "admission", "ceilings", "headers", "litellm")
+DEFAULT_CONTENDERS = CONTENDERS
 LABELS = {"none": "no admission (retry-after / backoff)", "admission": "admission, no ceilings",
           "ceilings": "admission, ceilings configured", "litellm": "LiteLLM Router (usage-based v2, shared Redis)",
           "headers": "admission, learning from headers only"}

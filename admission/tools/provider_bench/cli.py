@@ -53,9 +53,6 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--workers", type=positive_int, default=e.workers, help=f"threads per pod (default {e.workers})")
     c.add_argument("--contender", action="append", choices=CONTENDERS, default=None, dest="contenders",
                    help=f"the contender(s) to run (repeatable; default {', '.join(DEFAULT_CONTENDERS)})")
-    c.add_argument("--learning", action="store_true",
-                   help="add the admission learning the ceilings from the providers' headers only (its policy "
-                        "declares none)")
     return p
 
 
@@ -65,8 +62,6 @@ def ceiling_settings_of(args: argparse.Namespace) -> CeilingSettings:
         raise UsageError(f"--minutes must be at least {WARMUP_MINUTES + 1} (the window starts at minute "
                          f"{WARMUP_MINUTES})")
     contenders = tuple(args.contenders or DEFAULT_CONTENDERS)
-    if args.learning and "headers" not in contenders:
-        contenders += ("headers",)
     return CeilingSettings(keys=tuple(dict.fromkeys(args.keys or d.keys)), contenders=tuple(dict.fromkeys(contenders)),
                            pods=args.pods, workers=args.workers, minutes=args.minutes,
                            scale=args.scale or d.scale, seed=args.seed, engine=args.engine)
