@@ -1,12 +1,14 @@
 """Run the fault suite once and publish its figures.
 
     .venv/bin/python tests/chaos/report.py            # run, print the tables
-    .venv/bin/python tests/chaos/report.py --write    # ... and write them into docs/reliability.md and README.md
+    .venv/bin/python tests/chaos/report.py --write    # ... and write both tables into docs/reliability.md
     .venv/bin/python tests/chaos/report.py --soak     # the long runs (ADMISSION_SOAK=1: minutes per fault)
 
 Every figure comes from this one run: the chaos tests, the fuzzing and the TLS and
 least-privilege tests record what they measured (tests/figures.py) into one JSON-lines file,
-and the tables are rendered from it. A failing test fails the report (nothing is written).
+and the tables are rendered from it: the headline (what must be zero, and the heal time) at the
+top of docs/reliability.md, between the chaos-headline markers, and every figure under its
+Figures, between the chaos-figures markers. A failing test fails the report (nothing is written).
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ SECTIONS = {
     "security": "Least privilege and TLS",
 }
 START, END = "<!-- chaos-figures:start -->", "<!-- chaos-figures:end -->"
+HEADLINE_START, HEADLINE_END = "<!-- chaos-headline:start -->", "<!-- chaos-headline:end -->"
+PAGE = ROOT / "docs" / "reliability.md"
 
 
 def run(soak: bool, figures: Path) -> int:
@@ -87,7 +91,7 @@ def render(rows: list[dict], soak: bool) -> str:
 
 
 def headline(rows: list[dict]) -> str:
-    """The README's short table: every figure that must be zero, summed per kind, and the heal time."""
+    """The headline table: every figure that must be zero, summed per kind, and the heal time."""
     must0 = [r for r in rows if r["must"] == "0"]
     kinds = defaultdict(list)
     for r in must0:
@@ -106,19 +110,25 @@ def headline(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def splice(path: Path, text: str) -> None:
-    doc = path.read_text()
-    if START not in doc or END not in doc:
-        raise SystemExit(f"{path}: no {START} ... {END} markers to write between")
-    head, rest = doc.split(START, 1)
-    _, tail = rest.split(END, 1)
-    path.write_text(f"{head}{START}\n{text}{END}{tail}")
+def splice(doc: str, text: str, start: str = START, end: str = END, where: object = PAGE) -> str:
+    """``doc`` with ``text`` between its ``start`` and ``end`` markers (both must be there)."""
+    if start not in doc or end not in doc:
+        raise SystemExit(f"{where}: no {start} ... {end} markers to write between")
+    head, rest = doc.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{text}{end}{tail}"
+
+
+def write(path: Path, table: str, head: str) -> None:
+    """Both tables into the page: the headline at its top, every figure under Figures."""
+    doc = splice(path.read_text(), head, HEADLINE_START, HEADLINE_END, path)
+    path.write_text(splice(doc, table, START, END, path))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--soak", action="store_true", help="the long runs (minutes per fault)")
-    ap.add_argument("--write", action="store_true", help="write the tables into docs/reliability.md and README.md")
+    ap.add_argument("--write", action="store_true", help="write both tables into docs/reliability.md (the headline at its top, every figure below)")
     ap.add_argument("--figures", help="render this JSON-lines file instead of running the suite")
     args = ap.parse_args(argv)
     if args.figures:
@@ -137,9 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     print(headline(rows))
     if args.write:
-        splice(ROOT / "docs" / "reliability.md", table)
-        splice(ROOT / "README.md", headline(rows))
-        print("written: docs/reliability.md, README.md")
+        write(PAGE, table, headline(rows))
+        print("written: docs/reliability.md")
     return 0
 
 

@@ -37,3 +37,46 @@ def test_a_lost_admit_reply_keeps_the_servers_reason():
 def test_one_round_under_two_seqs_is_seated_twice():
     events = [_admitted("a", 1, "within-floor"), _admitted("a", 2, "within-floor")]
     assert analyze(events, []).seated_twice == 1
+
+
+# -- the report's tables: where --write puts them (docs/reliability.md; the README holds none) ----------
+
+def test_the_report_writes_both_tables_into_the_reliability_page(tmp_path):
+    from chaos import report
+
+    page = report.PAGE.read_text()
+    assert page.index(report.HEADLINE_START) < page.index(report.HEADLINE_END) < page.index(report.START) \
+        < page.index(report.END)
+    copy = tmp_path / "reliability.md"
+    copy.write_text(page)
+    report.write(copy, "FIGURES\n", "HEADLINE\n")
+    out = copy.read_text()
+    assert f"{report.HEADLINE_START}\nHEADLINE\n{report.HEADLINE_END}" in out
+    assert f"{report.START}\nFIGURES\n{report.END}" in out
+    before, after = page.split(report.HEADLINE_START)[0], page.split(report.END)[1]
+    assert out.startswith(before) and out.endswith(after)   # nothing else of the page changes
+
+
+def test_the_report_refuses_a_page_without_its_markers(tmp_path):
+    import pytest
+
+    from chaos import report
+
+    copy = tmp_path / "reliability.md"
+    copy.write_text(f"# no headline here\n{report.START}\nold\n{report.END}\n")
+    with pytest.raises(SystemExit, match="chaos-headline"):
+        report.write(copy, "FIGURES\n", "HEADLINE\n")
+
+
+def test_the_headline_sums_what_must_be_zero_and_keeps_the_heal_time():
+    from chaos import report
+
+    rows = [{"section": "pods", "name": "pods: over-admission events", "value": 0, "unit": "", "must": "0",
+             "settings": {}, "at": 1},
+            {"section": "clock", "name": "over-admission events (stepped)", "value": 0, "unit": "", "must": "0",
+             "settings": {}, "at": 1},
+            {"section": "pods", "name": "heal time after SIGKILL, p50", "value": 1.8, "unit": "s", "must": "",
+             "settings": {"lease_ttl_s": 1.5}, "at": 1}]
+    text = report.headline(rows)
+    assert "| over-admission events | 0 | clock, pods |" in text
+    assert "| heal time after SIGKILL, p50 | 1.8 s | lease_ttl 1.5 s |" in text
