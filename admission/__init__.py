@@ -7,7 +7,7 @@ from .base import current_round
 from .client import Admission, Round
 from .mesh import Mesh
 from .codes import ADMIT_REASONS, FENCE_REASONS, REFUSE_REASONS, UNAVAILABLE, Status
-from .core import Bound, Decision, Progress, Released, Retried, Seat, Usage
+from .core import Bound, Decision, Progress, Released, Retried, Seat, Taken, Usage
 from .errors import (AdmissionError, BadArgument, BadName, NoPolicy, NotYourSeat, PolicyError,
                      RoundInProgress, ScriptError, StaleVersion, Unavailable, UnknownLane, UnknownPool,
                      UnknownSeat, WaitTimeout)
@@ -21,5 +21,5 @@ __all__ = [
     "ADMIT_REASONS", "REFUSE_REASONS", "FENCE_REASONS", "UNAVAILABLE", "urgency", "outcome_of",
     "AdmissionError", "BadArgument", "BadName", "UnknownLane", "UnknownPool", "UnknownSeat",
     "NotYourSeat", "NoPolicy", "PolicyError", "StaleVersion", "WaitTimeout", "Unavailable",
-    "RoundInProgress", "ScriptError", "current_round", "Usage",
+    "RoundInProgress", "ScriptError", "current_round", "Usage", "Taken",
 ]

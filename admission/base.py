@@ -84,6 +84,7 @@ class RoundBase:
         # set to the provider's rate-limit headers of the latest response (ratelimits.Reading):
         # the exit's release (and progress) carries it, the ceilings learn from it
         self.rate_reading: Any = None
+        self._calls = 0  # the calls reserve_call counted (the first is the admit's reservation)
         self._adm = adm
 
 

@@ -26,8 +26,8 @@ from ._primitives import Clock, Lock, blocking, blocking_calling, check_confirm,
 from .base import (CONNECT_TIMEOUT, CURRENT_HANDLE, CURRENT_ROUND, SOCKET_TIMEOUT, ClientBase, RoundBase,
                    charge_record, fail_fast_options, policy_of, release_record, translated)
 from .classify import outcome_of, retry_after_of
-from .codes import Status
-from .core import UNREACHABLE, Bound, Call, Charged, Core, Decision, Progress, Released, Retried, Seat, Tick
+from .codes import UNAVAILABLE as UNAVAILABLE_REASON, Status
+from .core import UNREACHABLE, Bound, Call, Charged, Core, Decision, Progress, Released, Retried, Seat, Taken, Tick
 from .errors import AdmissionError, NoPolicy, NotYourSeat, Unavailable, UnknownSeat, WaitTimeout
 from .outbox import Retry
 
@@ -48,6 +48,33 @@ class Round(RoundBase):
     def charge(self, cost_usd: float, key: str) -> Charged:
         """Book a cost mid-round (a long round's steps), once per ``key``."""
         return self._adm.charge(self.seat, cost_usd=cost_usd, key=key)
+
+    def reserve_call(self, *, input_tokens: float | None = None, max_tokens: float | None = None,
+                     timeout: float = 600.0) -> Taken:
+        """Before each call this round sends to the provider: take that call's request and tokens
+        (``input_tokens``, the answer budget ``max_tokens``) from its pool's rate ceilings (design
+        §5.9). The round's first call is the admit's own reservation; each later one takes its
+        own, and while a ceiling cannot cover it the call waits the refusal's ``wait_s``, seat
+        held, up to ``timeout`` s (then ``WaitTimeout``). The release reconciles every call at
+        once. When Redis cannot be reached the call goes ahead (its seat is held; the ceiling
+        cannot be checked) and the answer says ``reason="admission-unavailable"``."""
+        self._calls += 1
+        if self._calls == 1:
+            return Taken(True)
+        key, deadline = f"call-{self._calls}", time.monotonic() + timeout
+        while True:
+            try:
+                t = self._adm.take(self.seat, key=key, input_tokens=input_tokens, max_tokens=max_tokens)
+            except Unavailable as exc:
+                log.warning("call_not_reserved", round=self.seat.id, pool=self.pool, error=str(exc))
+                return Taken(True, reason=UNAVAILABLE_REASON)
+            left = deadline - time.monotonic()
+            if t.taken or t.lost:
+                return t
+            if left <= 0:
+                raise WaitTimeout(f"a call of round {self.seat.id} waited {timeout:g}s for {self.pool} "
+                                  f"(last refusal: {t.reason})", t.reason)
+            self._adm._clock.sleep(max(0.01, min(t.wait_s, left)))
 
     def progress(self, tokens: float, reading: Any = None) -> Progress:
         """The tokens this round has received so far (a declared round: the cap line's fit), with
@@ -226,6 +253,14 @@ class Admission(ClientBase):
         record = release_record(seat, outcome, seconds, cost_usd, at, retry_after, received, usage=usage,
                                 ceiling=ceiling, reset_s=reset_s, reading=reading)
         return self._end(record, call, now)
+
+    def take(self, seat: Seat, *, key: str, input_tokens: float | None = None,
+             max_tokens: float | None = None, now: float | None = None) -> Taken:
+        """One more call of a running round takes its request and tokens from the pool's rate
+        ceilings, once per call ``key`` (one attempt: ``Round.reserve_call`` waits and retries).
+        Refused, the answer names the ceiling and its ``wait_s``; the seat stays."""
+        return self._exec_or_raise(self.core.take(seat, key=key, input_tokens=input_tokens,
+                                                  max_tokens=max_tokens, now=now))
 
     def charge(self, seat: Seat, *, cost_usd: float, key: str, at: float | None = None,
                now: float | None = None) -> Charged:

@@ -20,6 +20,9 @@ class Status(IntEnum):
     OK = 7
     CHARGED = 8
     ALREADY_CHARGED = 9
+    TAKEN = 10
+    ALREADY_TAKEN = 11
+    SEAT_LOST = 12
 
 
 #: Error-reply prefixes (``ERR`` in codes.lua) by their Lua name.

@@ -132,6 +132,23 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Taken:
+    """What ``take`` said of one more call of a running round (design §5.9): ``taken`` (its
+    request and tokens are debited, or the pool has no ceilings), else refused by ``reason``
+    (``ceiling-<limit>``) for ``wait_s`` seconds. ``already``: that call key took before
+    (nothing changed); ``lost``: Redis no longer holds the seat (nothing written)."""
+
+    taken: bool
+    reason: str = ""
+    wait_s: float = 0.0
+    already: bool = False
+    lost: bool = False
+
+    def __bool__(self) -> bool:
+        return self.taken
+
+
+@dataclass(frozen=True)
 class Tick:
     swept: int
     grew: dict[str, float]
@@ -572,6 +589,21 @@ class Core(MeshCalls):
             return Charged(Status(int(r[0])) == Status.CHARGED, _s(r[1]), _s(r[2]))
 
         return self._call("charge", args, decode)
+
+    def take(self, seat: Seat, *, key: str, input_tokens: float | None = None,
+             max_tokens: float | None = None, now: float | None = None) -> Call:
+        """One more call of the round ``seat`` takes its request and tokens (``input_tokens``, the
+        answer budget ``max_tokens``; undeclared: the scope's learned mean) from its scope's
+        buckets, once per call ``key`` (take.lua)."""
+        args = [seat.id, str(seat.seq), self.pod, key, _declared("input_tokens", input_tokens),
+                _declared("max_tokens", max_tokens), _now(now)]
+
+        def decode(r):
+            status = Status(int(r[0]))
+            return Taken(status in (Status.TAKEN, Status.ALREADY_TAKEN), _s(r[1]), float(_s(r[2])),
+                         already=status == Status.ALREADY_TAKEN, lost=status == Status.SEAT_LOST)
+
+        return self._call("take", args, decode)
 
     def withdraw(self, round_id: str) -> Call:
         return self._call("withdraw", [round_id, self.pod], lambda r: bool(int(r[1])))

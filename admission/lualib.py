@@ -35,7 +35,7 @@ from pathlib import Path
 from ._paths import lua_dir
 
 COMMANDS = ("admit", "release", "report", "heartbeat", "tick", "census", "plan", "apply_config", "withdraw",
-            "doctor", "charge", "budget", "closure", "rollover", "retry", "bind", "health", "progress")
+            "doctor", "charge", "budget", "closure", "rollover", "retry", "bind", "health", "progress", "take")
 #: what the library's top level holds for every file: the current call's keys and arguments
 #: (util.lua's bind sets them) and the key prefix derived from KEYS[1]
 PROLOGUE = "local KEYS, ARGV, PREFIX"

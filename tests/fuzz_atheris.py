@@ -171,6 +171,8 @@ def _templates(seats: dict[str, Any]) -> dict[str, list[list[bytes]]]:
         "progress": [["pod-a", NOW, s1.id, str(s1.seq), "500", s2.id, str(s2.seq), "0"],
                      [s1.pod, "", child.id, str(child.seq), "120.5"],
                      ["pod-a", NOW, s1.id, str(s1.seq), "600", s2.id, str(s2.seq), "0", "~r", READING, ""]],
+        "take": [[*seat(s1), "call-2", "1200", "1024", NOW], [*seat(s2), "call-2", "", "", NOW],
+                 [*seat(child), "call-3", "0", "", ""]],
     }
     assert set(out) == set(scripts.COMMANDS), set(scripts.COMMANDS) ^ set(out)
     return {c: [[x.encode() if isinstance(x, str) else x for x in t] for t in ts] for c, ts in out.items()}

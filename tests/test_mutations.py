@@ -697,6 +697,30 @@ MUTATIONS = [
 ]
 
 
+# a round of several calls takes one request and its tokens per call (lua/take.lua)
+MUTATIONS += [
+    ("take: each later call takes its own request and tokens", "take.lua", "  debit(b, res)\n", "",
+     "test_rules_ceilings_take.py", "takes_its_own or every_bucket_or_none"),
+    ("take: every bucket or none", "take.lua", "  if limit then\n", "  if false then\n",
+     "test_rules_ceilings_take.py", "every_bucket_or_none"),
+    ("take: once per call key", "take.lua", "  if s[taken] then return {STATUS.ALREADY_TAKEN, '', '0'} end\n", "",
+     "test_rules_ceilings_take.py", "retried_takes_once"),
+    ("take: the release reconciles every call at once", "take.lua",
+     "'cIn', fmt((had and tonumber(s.cIn) or 0) + res.inp)", "'cIn', fmt(res.inp)",
+     "test_rules_ceilings_take.py", "reconciles_every_call or takes_its_own"),
+    ("take: the mean is learned per call", "include/ceilings.lua",
+     "local calls = math.max(1, tonumber(s.cCalls) or 1)", "local calls = 1",
+     "test_rules_ceilings_take.py", "mean_is_learned_per_call"),
+    ("take: a lost seat writes nothing", "take.lua", "  if not s then return {STATUS.SEAT_LOST, '', '0'} end\n", "",
+     "test_rules_ceilings_take.py", "lost_seat"),
+    ("take: the first call is the admit's reservation", "admission/client.py", "        if self._calls == 1:\n",
+     "        if False:\n", "test_rules_ceilings_take.py", "waits_with_its_seat"),
+    ("take: a refused call waits and asks again", "admission/client.py",
+     "            if t.taken or t.lost:\n                return t\n", "            return t\n",
+     "test_rules_ceilings_take.py", "waits_with_its_seat"),
+]
+
+
 # moving between pools (tests/test_rules_moves.py, tests/test_alternatives.py)
 MUTATIONS += [
     ("fallback to an alternative", "admit.lua", "if allowed[c] and not seen[c] then", "if false then",

@@ -17,10 +17,12 @@
 --     meanIn meanOut n  the learned tokens per call (what the provider counted, input as its
 --                       itpm counts it, output as output_charge counts it): an undeclared
 --                       round reserves them; none learned yet, it reserves no tokens
---   seat:<id> cScope cIn cOut cBudget
+--   seat:<id> cScope cIn cOut cBudget cCalls take:<call key>
 --                     the reservation the admit debited: its scope, input and output tokens
---                     reserved, and the answer budget declared ('' = none); the release
---                     reconciles it once (the seat's tombstone makes a replay count nothing)
+--                     reserved, and the answer budget declared ('' = none); each later call of
+--                     the round adds its own (take.lua: cCalls calls in all, absent = 1, and
+--                     each call key that took); the release reconciles it once (the seat's
+--                     tombstone makes a replay count nothing)
 --   useMin useReq useTok prevReq prevTok acc:<bin> accN
 --                     the use per minute and the reservation accuracy, for the read model (ceiluse.lua)
 -- A limit's effective value is min(configured, learned) x headroom: the policy's or the
@@ -231,10 +233,12 @@ local function reconcile(cfg, s, u, now)
     if more < 0 and b.hold[l] > now then more = 0 end
     b.level[l] = math.min(b.cap[l], v - more)
   end
+  -- the mean is per call: a round of several calls (take.lua) teaches its average call
+  local calls = math.max(1, tonumber(s.cCalls) or 1)
   b.n = math.min(b.n + 1, 1000000)
   local w = math.max(1 / b.n, MEAN_WEIGHT)
-  b.meanIn = b.meanIn and b.meanIn + w * (inp - b.meanIn) or inp
-  b.meanOut = b.meanOut and b.meanOut + w * (out - b.meanOut) or out
+  b.meanIn = b.meanIn and b.meanIn + w * (inp / calls - b.meanIn) or inp / calls
+  b.meanOut = b.meanOut and b.meanOut + w * (out / calls - b.meanOut) or out / calls
   tally(b, 0, res.inp + res.out)
   sample(b, inp + out, (tonumber(s.cIn) or 0) + (tonumber(s.cOut) or 0))
   save_levels(b)

@@ -13,6 +13,9 @@ local STATUS = {
   OK = 7,               -- heartbeat, tick, apply-config, plan, census, budget, provider, rollover
   CHARGED = 8,          -- charge: the cost was booked to the ledger
   ALREADY_CHARGED = 9,  -- charge: this charge key was booked before; nothing changed
+  TAKEN = 10,           -- take: the call's request and tokens are debited from its scope
+  ALREADY_TAKEN = 11,   -- take: this call key took before; nothing changed
+  SEAT_LOST = 12,       -- take: no such seat any more (released or swept); nothing written
 }
 -- Error prefixes: every error reply starts with one of these words, then a readable message.
 local ERR = {
