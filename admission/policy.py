@@ -54,7 +54,7 @@ _NAME = re.compile(r"^[A-Za-z0-9._\-/:@#]{1,200}$")
 @dataclass(frozen=True)
 class Key:
     """One key of the policy file, as ``SCHEMA`` declares it: what it holds (``kind``: float,
-    int, bool, str, list or dict), its default (``None``: absent unless given; ``default_doc``
+    int, bool, str, list, dict, or object for any value), its default (``None``: absent unless given; ``default_doc``
     says it in words where it is not one value), its bounds (``lo``, ``hi``; ``lo_open``: ``lo``
     itself is out) or its ``choices``, and what it means."""
 
@@ -167,13 +167,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "health_max_age": Key(float, "the oldest health sample (s) of the plane that still counts",
                               None, 0.1, 1e6, default_doc="tunables.health_max_age"),
         "health_every": Key(float, "how often (s) a sampler reads health_url", None, 0.1, 1e6,
-                            default_doc="the sampler's own"),
+                            default_doc="a third of the plane's health_max_age"),
         "health_required": Key(bool, "a borrow of the plane needs a fresh health sample", False),
         "health_url": Key(str, "the http(s) URL a health sampler reads (`admission health run`)",
                           default_doc="none"),
-        "tier": Key(str, "accepted and stored with the pool; no rule reads it (the tier is `[tiers]`')",
+        "tier": Key(object, "accepted and stored with the pool; no rule reads it (the tier is `[tiers]`')",
                     default_doc="none"),
-        "tokens": Key(str, "accepted and stored with the pool; no rule reads it (a round declares its "
+        "tokens": Key(object, "accepted and stored with the pool; no rule reads it (a round declares its "
                            "size at admit)", default_doc="none"),
     },
     "ceilings.<name>": {

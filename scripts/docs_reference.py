@@ -51,7 +51,8 @@ def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
 API_GROUPS: list[tuple[str, str, list[tuple[str, dict[str, Any]]]]] = [
     ("Pods", "What a pod of workers uses: an admission per pod, its rounds, and the helpers around them.",
      [("Admission", {"inherited_members": True}), ("AsyncAdmission", {"inherited_members": True}),
-      ("Round", {"inherited_members": True}), ("current_round", {}), ("urgency", {})]),
+      ("Round", {"inherited_members": True}), ("current_round", {}),
+      ("admission.urgency.urgency", {"heading": "urgency"})]),
     ("Operators", "A mesh's own commands: the policy, the census, the clock, the provider's day.",
      [("Mesh", {}), ("AsyncMesh", {})]),
     ("Answers", "What the calls return.",
@@ -110,9 +111,9 @@ def api_page() -> str:
         body += [f"## {title}", "", what, ""]
         for name, options in items:
             path = name if "." in name else f"admission.{name}"
-            placed.add(path)
+            placed.update((path, options.get("heading", name)))
             body += _block(path, options)
-    other = [n for n in admission.__all__ if f"admission.{n}" not in placed]
+    other = [n for n in admission.__all__ if n not in placed]
     if other:
         body += ["## Other", ""]
         for n in other:
@@ -222,7 +223,7 @@ def cli_page() -> str:
 
 # -- policy.md ---------------------------------------------------------------------------------------
 _KINDS = {float: "number", int: "whole number", bool: "true / false", str: "string", list: "list",
-          dict: "table"}
+          dict: "table", object: "any"}
 
 
 def _g(x: float) -> str:
