@@ -130,7 +130,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "lanes.<name>": {
         "floor": Key(float, "the lane's guaranteed share of each pool; the floors sum to at most 1", 0, 0, 1),
         "weight": Key(float, "the lane's weight in the fair share of what is borrowed", 1, 1e-6, 1e6),
-        "priority": Key(int, "higher goes first: ties of the fair share, the order of the lanes", 0, -1e9, 1e9),
+        "priority": Key(int, "a higher priority goes first where lanes tie: the fair share, the floors' leftover slots", 0, -1e9, 1e9),
         "reserve": Key(float, "share of the provider's daily budget left at which the lane stops "
                               "(`budget-reserve`)", None, 0, 1,
                        default_doc="by name: triage 0.3, bugfix 0.2, reviews 0.1, babysitter and watchdog "
@@ -171,7 +171,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "health_required": Key(bool, "a borrow of the plane needs a fresh health sample", False),
         "health_url": Key(str, "the http(s) URL a health sampler reads (`admission health run`)",
                           default_doc="none"),
-        "tier": Key(object, "accepted and stored with the pool; no rule reads it (the tier is `[tiers]`')",
+        "tier": Key(object, "accepted and stored with the pool; no rule reads it (tiers come from `[tiers]`)",
                     default_doc="none"),
         "tokens": Key(object, "accepted and stored with the pool; no rule reads it (a round declares its "
                            "size at admit)", default_doc="none"),

@@ -290,16 +290,17 @@ def reasons_page() -> str:
 
     m = codes.REASON_MEANINGS
     status_doc, error_doc = _lua_comments()
-    body = ["A decision's `reason` says which rule settled it: the checks run in the order below (the "
-            "refusals in the order their checks run), and the first that settles it names it. The "
-            "census, `admission events --refusals` and the `admission_refused_total` metric count by "
-            "these words.", ""]
+    body = ["A decision's `reason` names the rule that settled it: the checks run in the order the refusals "
+            "are listed, and the first that settles the question names it. The census, "
+            "`admission events --refusals` and the `admission_admitted_total` and `admission_refused_total` "
+            "metrics count by these words.", ""]
     body += ["## Admitted", ""] + _table(["reason", "meaning"], [[f"`{r}`", m[r]] for r in codes.ADMIT_REASONS])
     body += ["## Refused", "", "A rate ceiling's refusal (`ceiling-...`) comes after the lane rules would admit; "
              "its decision's `wait_s` says when that bucket could cover the round.", ""]
     body += _table(["reason", "meaning"], [[f"`{r}`", m[r]] for r in codes.REFUSE_REASONS])
-    body += ["## Refused by the fence", "", "A borrow of another plane only (`Decision.is_fenced`): drop or "
-             "compensate, never wait.", ""]
+    body += ["## Refused by the fence", "", "A borrow of another plane only (an explicit borrow, or a move to "
+             "an alternative, checked on the plane it moves to), in the order the fence checks; "
+             "`Decision.shed` is true: drop or compensate, never wait.", ""]
     body += _table(["reason", "meaning"], [[f"`{r}`", m[r]] for r in codes.FENCE_REASONS])
     body += ["## The client's own refusal", ""]
     body += _table(["reason", "meaning"], [[f"`{codes.UNAVAILABLE}`", m[codes.UNAVAILABLE]]])
