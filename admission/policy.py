@@ -130,7 +130,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "lanes.<name>": {
         "floor": Key(float, "the lane's guaranteed share of each pool; the floors sum to at most 1", 0, 0, 1),
         "weight": Key(float, "the lane's weight in the fair share of what is borrowed", 1, 1e-6, 1e6),
-        "priority": Key(int, "a higher priority goes first where lanes tie: the fair share, the floors' leftover slots", 0, -1e9, 1e9),
+        "priority": Key(int, "a higher priority goes first where lanes tie: the fair share, the floors' "
+                             "leftover slots", 0, -1e9, 1e9),
         "reserve": Key(float, "share of the provider's daily budget left at which the lane stops "
                               "(`budget-reserve`)", None, 0, 1,
                        default_doc="by name: triage 0.3, bugfix 0.2, reviews 0.1, babysitter and watchdog "
