@@ -163,6 +163,38 @@ def _code(text: str) -> list[str]:
     return ["```text", text, "```", ""]
 
 
+class _Captured(Exception):
+    def __init__(self, parser: argparse.ArgumentParser):
+        super().__init__(parser.prog)
+        self.parser = parser
+
+
+def _tool_parser(name: str) -> argparse.ArgumentParser | None:
+    """The parser a tool command of the CLI parses its arguments with: ``admission.cli.main`` runs
+    the command, and the first ``parse_args`` hands its parser back instead of parsing. None when
+    the tool never parses (or cannot be imported)."""
+    from admission import cli
+
+    def capture(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
+        raise _Captured(self)
+
+    saved = {k: os.environ.pop(k, None) for k in ("ADMISSION_URL", "ADMISSION_MESH")}
+    original = argparse.ArgumentParser.parse_args
+    argparse.ArgumentParser.parse_args = capture  # type: ignore[method-assign]
+    try:
+        cli.main([name])
+    except _Captured as got:
+        return got.parser
+    except (ImportError, SystemExit):
+        return None
+    finally:
+        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
+        for k, v in saved.items():
+            if v is not None:
+                os.environ[k] = v
+    return None
+
+
 def _default(a: argparse.Action) -> str:
     if isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
         return f"`{str(a.default).lower()}`"
@@ -215,9 +247,25 @@ def cli_page() -> str:
         what = (helps.get(name) or "").rstrip(".")
         body += [f"## admission {name}", "", what[:1].upper() + what[1:] + ".", "", *_code(_usage(p))]
         body += _table(["argument", "what", "default"], _arg_rows(p))
-    body += ["## Tools", "", "These commands hand their arguments to a tool of their own "
-             "(`admission.tools`, the `tools` extra); `admission NAME --help` lists its options.", ""]
-    body += _table(["command", "what"], [[f"`admission {n}`", helps.get(n) or ""] for n in delegated])
+    body += ["## Tools", "", "These commands hand their arguments to a tool of their own (`admission.tools`; "
+             "the `tools` extra), listed here as the tool's own parser has them.", ""]
+    for name in delegated:
+        tool = _tool_parser(name)
+        what = (helps.get(name) or "").rstrip(".")
+        body += [f"### admission {name}", ""]
+        if tool is None:
+            body += [what[:1].upper() + what[1:] + ".", ""]
+            continue
+        description = tool.description or what
+        if tool.formatter_class is argparse.RawDescriptionHelpFormatter:
+            body += _code(description.strip("\n"))
+        else:
+            body += [" ".join(description.split()), ""]
+        body += _code(_usage(tool))
+        # a tool's help says most defaults itself, some of them the machine's (workers, the pod's name)
+        body += _table(["argument", "what", "default"],
+                       [[n, what, "see the help" if "default" in what.lower() else default]
+                        for n, what, default in _arg_rows(tool)])
     return _page("Command line", "the parser of `admission/cli.py`", body)
 
 
