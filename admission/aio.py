@@ -42,6 +42,8 @@ class AsyncRound(RoundBase):
     """What ``AsyncAdmission.round`` yields: the seat, and what the round will report on exit."""
 
     async def report(self, signal: str, retry_after: float | None = None) -> Released:
+        """A load or closing signal in the middle of the round (``AsyncAdmission.report``); the
+        seat stays held."""
         return await self._adm.report(self.seat, signal=signal, retry_after=retry_after)
 
     async def charge(self, cost_usd: float, key: str) -> Charged:

@@ -43,6 +43,8 @@ class Round(RoundBase):
     """What ``Admission.round`` yields: the seat, and what the round will report on exit."""
 
     def report(self, signal: str, retry_after: float | None = None) -> Released:
+        """A load or closing signal in the middle of the round (``Admission.report``); the
+        seat stays held."""
         return self._adm.report(self.seat, signal=signal, retry_after=retry_after)
 
     def charge(self, cost_usd: float, key: str) -> Charged:

@@ -89,6 +89,11 @@ class Decision:
 
 @dataclass(frozen=True)
 class Retried:
+    """What ``retry`` decided for a seat's next attempt (``RETRY_DECISIONS``): ``decision``
+    ``retry_same_plane`` (true: one token of the seat's plane was spent, try again there) or
+    ``compensate_or_shed`` (false: none left); ``retries_left`` on that plane (None: it has no
+    retry budget), ``retries``, the intent's count, and the ``plane``."""
+
     decision: str  # retry_same_plane | compensate_or_shed
     retries_left: float | None  # on the seat's plane (None: no retry budget set there)
     retries: int  # of the intent, persisted in Redis
@@ -100,6 +105,9 @@ class Retried:
 
 @dataclass(frozen=True)
 class Bound:
+    """What ``bind`` or ``advance`` decided (``BIND_DECISIONS``) and the intent's revision
+    ``watermark``; false for a ``reject_...`` decision (the result does not count)."""
+
     decision: str  # bound | reject_stale_revision | reject_not_admitted | advanced
     watermark: int
 
@@ -109,6 +117,11 @@ class Bound:
 
 @dataclass(frozen=True)
 class Released:
+    """What a release or a report did: its ``status`` (``RELEASED``, ``ALREADY_RELEASED``,
+    ``EXPIRED``, ``REPORTED``, ...), the ``pool``, whether its estimate ``decreased``, the ``estimate``
+    after it, the pool's ``stats`` (successes, failures, mean cost in USD), and ``queued``
+    when Redis could not be reached and the release waits in the pod's outbox."""
+
     status: Status
     pool: str
     decreased: bool
@@ -127,6 +140,9 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class Progress:
+    """What a progress report did: ``points``, the reports that became a point of the pool's
+    cap-line fit, and ``lost``, the seats that are not this pod's live seats (nothing written)."""
+
     points: int  # reports that became a point of the pool's cap-line fit
     lost: list[str]  # seats that are not this pod's live seats (nothing written for them)
 

@@ -10,6 +10,7 @@ import math
 import re
 import tomllib
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -18,31 +19,6 @@ from ._log import get_logger
 from .errors import PolicyError
 
 log = get_logger("admission.policy")
-
-#: DESIGN §4 tunables: name -> (default, kind, lower bound, upper bound, inclusive lower).
-TUNABLES: dict[str, tuple[float, type, float, float]] = {
-    "seed_estimate": (2, float, 1, 1e6),
-    "max_estimate": (512, float, 1, 1e6),
-    "slow_start_factor": (2, float, 1.0001, 100),
-    "slow_start_step": (8, float, 1, 1e6),
-    "grow_interval": (15, float, 0.001, 86400),
-    "growth_rate": (0.5, float, 0.0001, 10),
-    "probe_after": (4, int, 1, 1e6),
-    "decrease_factor": (0.7, float, 0.0001, 0.9999),
-    "high_free": (0.3, float, 0.0001, 1),
-    "lease_ttl": (30, float, 0.1, 1e7),
-    "stall_after": (1200, float, 1, 1e7),
-    "round_cap": (1800, float, 1, 1e7),
-    "starved_after": (900, float, 1, 1e7),
-    "probe_every": (10, float, 0.1, 1e6),
-    "closed_for": (2100, float, 1, 1e7),
-    "aging_unit": (86400, float, 1, 1e9),
-    "cost_scale": (1, float, 1e-9, 1e9),
-    "health_max_age": (30, float, 0.1, 1e6),
-    "decision_ttl": (30, float, 0.1, 86400),
-    # a provider's Retry-After pauses its pool at most this long (0: Retry-After is ignored)
-    "retry_after_max": (60, float, 0, 3600),
-}
 
 #: The seed's budget reserves by lane name (share of the day left when the lane stops).
 DEFAULT_RESERVE = {"triage": 0.30, "bugfix": 0.20, "reviews": 0.10, "babysitter": 0.05,
@@ -54,15 +30,8 @@ MAX_POOLS = 1000  # apply_config writes the catalog in one HSET: bounded so it n
 #: (tests and the simulator). One clock per mesh, so a caller's `now` can never judge another
 #: pod's lease.
 CLOCKS = ("server", "caller")
-
-_RETIRED = re.compile(r"(?i)^(max_?concurren(t|cy)\w*|max_?(rounds|agents|running|in_?flight)|concurrency(_?(cap|limit))?)$")
-_TOP_KEYS = {"tunables", "lanes", "providers", "pools", "clock", "tiers", "alternatives", "pins", "agents",
-             "ceilings"}
-_LANE_KEYS = {"floor", "weight", "priority", "reserve", "pools"}
-_PROVIDER_KEYS = {"route", "kind", "daily_limit_usd", "budget_reader", "budget_url", "api_key_env"}
 #: Budget readers a provider may name (``admission/budget.py``): how its key's day is read.
 BUDGET_READERS = ("openrouter",)
-_POOL_KEYS = {"tier", "tokens", "ceilings"}
 #: A rate-ceiling scope's limits (``[ceilings.<name>]``, lua/include/ceilings.lua): requests and
 #: tokens per minute and per UTC day; each a positive finite number up to MAX_CEILING.
 CEILING_LIMITS = ("rpm", "tpm", "itpm", "otpm", "rpd", "tpd")
@@ -70,28 +39,188 @@ MAX_CEILING = 1e12
 #: How a scope's output tokens are counted: the answer budget on arrival (OpenAI, Azure), or as
 #: produced (Anthropic).
 OUTPUT_CHARGES = ("max_tokens", "received")
-_CEILING_KEYS = set(CEILING_LIMITS) | {"burst_s", "headroom", "output_charge", "cache_reads_count"}
 #: A pool's price table (USD per million tokens): the SDK integrations price a call from its
 #: ``usage`` with them (admission/integrations/_prices.py) and report it with the release.
 PRICE_KEYS = ("price_input", "price_output", "price_cached_input")
 MAX_PRICE = 1e6
-#: A pool's plane (docs/design.md §8): key -> (kind, lower bound, upper bound); all optional.
-PLANE_KEYS: dict[str, tuple[type, float, float]] = {
-    "depth_limit": (int, 1, 1e9),          # waiting depth at which borrows of this plane are shed
-    "retry_budget": (int, 0, 1e9),         # a finite retry counter (tokens)
-    "retry_refill_per_s": (float, 0, 1e6),  # token-bucket refill, from Redis time
-    "health_max_age": (float, 0.1, 1e6),   # a sample older than this is not capacity
-    "health_every": (float, 0.1, 1e6),     # how often a sampler reads health_url
-}
-_PLANE_FLAGS = {"health_required"}
-_PLANE_URLS = {"health_url"}
-_PIN_KEYS = {"lanes", "agents"}
 #: The default tiers (DESIGN §7) when a policy has no ``[tiers]``: one per model family token, so
 #: the same family on another provider (or a newer version of it) is the fallback, and nothing is
 #: guessed across families. ``[tiers]`` replaces them; ``tiers = {}`` turns the defaults off.
 DEFAULT_TIERS: dict[str, list[str]] = {"opus": ["opus"], "sonnet": ["sonnet"], "haiku": ["haiku"]}
 #: A name (tier, agent, lane, model) holds what lua/include/util.lua's check_name accepts.
 _NAME = re.compile(r"^[A-Za-z0-9._\-/:@#]{1,200}$")
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of the policy file, as ``SCHEMA`` declares it: what it holds (``kind``: float,
+    int, bool, str, list, dict, or object for any value), its default (``None``: absent unless given; ``default_doc``
+    says it in words where it is not one value), its bounds (``lo``, ``hi``; ``lo_open``: ``lo``
+    itself is out) or its ``choices``, and what it means."""
+
+    kind: type
+    meaning: str
+    default: Any = None
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] = ()
+    lo_open: bool = False
+    default_doc: str = ""
+
+
+def _tunable(default: float, kind: type, lo: float, hi: float, meaning: str) -> Key:
+    return Key(kind, meaning, default, lo, hi)
+
+
+#: Every key of the policy file, by table (``""`` is the file's top level; ``lanes.<name>`` stands
+#: for each ``[lanes.<name>]`` table, and so on): the one place the validator takes its allowed
+#: keys, defaults and bounds from, and ``scripts/docs_reference.py`` the policy reference.
+#: A table whose key is written ``<...>`` takes any name there (a map).
+SCHEMA: dict[str, dict[str, Key]] = {
+    "": {
+        "tunables": Key(dict, "the estimate's and the leases' settings (DESIGN §4)", default={},
+                        default_doc="every tunable at its default"),
+        "lanes": Key(dict, "the lanes, one table each: `[lanes.<name>]`; at least one, at most 1000"),
+        "providers": Key(dict, "the providers, one table each: `[providers.<name>]`"),
+        "pools": Key(dict, 'the catalog of pools, one table each: `[pools."model@provider"]`; at least one, '
+                           "at most 1000"),
+        "ceilings": Key(dict, "rate-ceiling scopes, one table each: `[ceilings.<name>]` (DESIGN §5.9)",
+                        default={}),
+        "clock": Key(str, "which clock the mesh's scripts use: Redis' own TIME (`server`), or the `now` "
+                          "each caller passes (`caller`: tests and the simulator)", default="server",
+                     choices=CLOCKS),
+        "tiers": Key(dict, "tier name -> ordered list of model-id tokens (DESIGN §7); replaces the "
+                           "default tiers, `tiers = {}` turns them off", default=DEFAULT_TIERS,
+                     default_doc="one tier per family: opus, sonnet, haiku"),
+        "alternatives": Key(dict, "model or pool -> the ordered pools a round may move to (replaces the "
+                                  "tiers' defaults for it)", default={}),
+        "pins": Key(dict, "hard-pinned lanes and agents: their rounds never move to an alternative",
+                    default={}),
+        "agents": Key(dict, "agent -> its lane (the lane of a round that names no lane)", default={}),
+    },
+    "tunables": {
+        "seed_estimate": _tunable(2, float, 1, 1e6, "K̂ of a pool never seen"),
+        "max_estimate": _tunable(512, float, 1, 1e6, "the ceiling of K̂ (and of K); at least seed_estimate"),
+        "slow_start_factor": _tunable(2, float, 1.0001, 100, "growth per step before the first measurement"),
+        "slow_start_step": _tunable(8, float, 1, 1e6, "most rounds one slow-start step adds"),
+        "grow_interval": _tunable(15, float, 0.001, 86400,
+                                  "least seconds between growth steps; the pool clock's period"),
+        "growth_rate": _tunable(0.5, float, 0.0001, 10, "r of the logistic growth step"),
+        "probe_after": _tunable(4, int, 1, 1e6, "growth steps at K before K grows by one"),
+        "decrease_factor": _tunable(0.7, float, 0.0001, 0.9999,
+                                    "K̂ after a load signal, as a share of the rounds running"),
+        "high_free": _tunable(0.3, float, 0.0001, 1, "free share of the pool above which a borrow is certain"),
+        "lease_ttl": _tunable(30, float, 0.1, 1e7,
+                              "lease of seats and tickets (s); heartbeats come every third of it"),
+        "stall_after": _tunable(1200, float, 1, 1e7, "a round running this long (s) reports a stall"),
+        "round_cap": _tunable(1800, float, 1, 1e7, "a round running this long (s) is cut, and reports it"),
+        "starved_after": _tunable(900, float, 1, 1e7, "seconds after which a waiting lane counts as starving"),
+        "probe_every": _tunable(10, float, 0.1, 1e6, "period (s) of the probe round of a closed provider"),
+        "closed_for": _tunable(2100, float, 1, 1e7,
+                               "how long (s) a credit or key failure closes its provider"),
+        "aging_unit": _tunable(86400, float, 1, 1e9, "the time unit (s) of urgency's aging"),
+        "cost_scale": _tunable(1, float, 1e-9, 1e9, "how strongly Thompson's choice discounts cost (USD)"),
+        "health_max_age": _tunable(30, float, 0.1, 1e6,
+                                   "the oldest health sample (s) that still counts (DESIGN §8)"),
+        "decision_ttl": _tunable(30, float, 0.1, 86400,
+                                 "how long (s) a borrow's refusal is answered again to the same intent"),
+        "retry_after_max": _tunable(60, float, 0, 3600,
+                                    "the longest (s) a provider's Retry-After pauses its pool (0: ignored)"),
+    },
+    "lanes.<name>": {
+        "floor": Key(float, "the lane's guaranteed share of each pool; the floors sum to at most 1", 0, 0, 1),
+        "weight": Key(float, "the lane's weight in the fair share of what is borrowed", 1, 1e-6, 1e6),
+        "priority": Key(int, "a higher priority goes first where lanes tie: the fair share, the floors' "
+                             "leftover slots", 0, -1e9, 1e9),
+        "reserve": Key(float, "share of the provider's daily budget left at which the lane stops "
+                              "(`budget-reserve`)", None, 0, 1,
+                       default_doc="by name: triage 0.3, bugfix 0.2, reviews 0.1, babysitter and watchdog "
+                                   "0.05, express 0; any other lane 0.15"),
+        "pools": Key(list, "the only pools the lane may use (names in `[pools]`; non-empty)",
+                     default_doc="every pool"),
+    },
+    "providers.<name>": {
+        "route": Key(str, "where the provider sends a request: an EU-routed provider's rounds never move "
+                          "to a non-EU router", "global", choices=("eu", "global")),
+        "kind": Key(str, "a provider of its own models (`direct`) or a router to others' (`router`)",
+                    "direct", choices=("direct", "router")),
+        "daily_limit_usd": Key(float, "the provider's budget per UTC day (USD)", None, 0, 1e9,
+                               default_doc="no limit"),
+        "budget_reader": Key(str, "reads the key's day from the provider (`admission budget sync`); needs "
+                                  "budget_url and api_key_env", choices=BUDGET_READERS, default_doc="none"),
+        "budget_url": Key(str, "the http(s) URL the budget reader reads", default_doc="none"),
+        "api_key_env": Key(str, "the environment variable that holds the key the budget reader sends",
+                           default_doc="none"),
+    },
+    'pools."<model@provider>"': {
+        "ceilings": Key(str, "the rate-ceiling scope of the pool: a name under `[ceilings]`",
+                        default_doc="none (no rate ceilings)"),
+        "price_input": Key(float, "USD per million uncached input tokens (the SDK integrations price a "
+                                  "call's usage)", None, 0, MAX_PRICE, default_doc="not priced"),
+        "price_output": Key(float, "USD per million output tokens", None, 0, MAX_PRICE, default_doc="not priced"),
+        "price_cached_input": Key(float, "USD per million cached input tokens", None, 0, MAX_PRICE,
+                                  default_doc="price_input"),
+        "depth_limit": Key(int, "the plane's waiting depth at which its borrows are shed (DESIGN §8)",
+                           None, 1, 1e9, default_doc="no limit"),
+        "retry_budget": Key(int, "the plane's retry budget (tokens)", None, 0, 1e9, default_doc="no budget"),
+        "retry_refill_per_s": Key(float, "retry tokens refilled per second, from Redis' time; needs "
+                                         "retry_budget", None, 0, 1e6, default_doc="0"),
+        "health_max_age": Key(float, "the oldest health sample (s) of the plane that still counts",
+                              None, 0.1, 1e6, default_doc="tunables.health_max_age"),
+        "health_every": Key(float, "how often (s) a sampler reads health_url", None, 0.1, 1e6,
+                            default_doc="a third of the plane's health_max_age"),
+        "health_required": Key(bool, "a borrow of the plane needs a fresh health sample", False),
+        "health_url": Key(str, "the http(s) URL a health sampler reads (`admission health run`)",
+                          default_doc="none"),
+        "tier": Key(object, "accepted and stored with the pool; no rule reads it (tiers come from `[tiers]`)",
+                    default_doc="none"),
+        "tokens": Key(object, "accepted and stored with the pool; no rule reads it (a round declares its "
+                           "size at admit)", default_doc="none"),
+    },
+    "ceilings.<name>": {
+        **{k: Key(float, f"{what} the scope may use (at least one limit is set)", None, 0, MAX_CEILING,
+                  lo_open=True, default_doc="no limit")
+           for k, what in (("rpm", "requests per minute"), ("tpm", "tokens per minute"),
+                           ("itpm", "input tokens per minute"), ("otpm", "output tokens per minute"),
+                           ("rpd", "requests per UTC day"), ("tpd", "tokens per UTC day"))},
+        "burst_s": Key(float, "the request bucket's burst, in seconds of its rate", 1.0, 0.001, 3600),
+        "headroom": Key(float, "the share of each limit admission uses", 0.97, 0, 1, lo_open=True),
+        "output_charge": Key(str, "output tokens counted as the answer budget on arrival (`max_tokens`: "
+                                  "OpenAI, Azure) or as produced (`received`: Anthropic)", "max_tokens",
+                             choices=OUTPUT_CHARGES),
+        "cache_reads_count": Key(bool, "cache reads count against the input ceilings", False),
+    },
+    "pins": {
+        "lanes": Key(list, "hard-pinned lanes (declared under `[lanes]`)", []),
+        "agents": Key(list, "hard-pinned agents", []),
+    },
+    "tiers": {"<tier>": Key(list, "the tier's model-id tokens in order (case-insensitive substrings of a "
+                                  "model id; no model in two tiers)")},
+    "alternatives": {'"<model or pool>"': Key(list, "the pools (in `[pools]`) the model's or pool's rounds may "
+                                                   "move to, in order; never off the EU route")},
+    "agents": {'"<agent>"': Key(str, "the agent's lane (declared under `[lanes]`)")},
+}
+
+TUNABLES: dict[str, tuple[float, type, float, float]] = {
+    name: (k.default, k.kind, k.lo, k.hi) for name, k in SCHEMA["tunables"].items()}
+"""DESIGN §4 tunables: name -> (default, kind, lower bound, upper bound), from ``SCHEMA``."""
+_LANE = SCHEMA["lanes.<name>"]
+_CEILING = SCHEMA["ceilings.<name>"]
+_PROVIDER = SCHEMA["providers.<name>"]
+_TOP_KEYS = set(SCHEMA[""])
+_LANE_KEYS = set(_LANE)
+_PROVIDER_KEYS = set(SCHEMA["providers.<name>"])
+_POOL_SCHEMA = SCHEMA['pools."<model@provider>"']
+_CEILING_KEYS = set(_CEILING)
+#: A pool's plane (docs/design.md §8): key -> (kind, lower bound, upper bound); all optional.
+PLANE_KEYS: dict[str, tuple[type, float, float]] = {
+    k: (_POOL_SCHEMA[k].kind, _POOL_SCHEMA[k].lo, _POOL_SCHEMA[k].hi)
+    for k in ("depth_limit", "retry_budget", "retry_refill_per_s", "health_max_age", "health_every")}
+_PLANE_FLAGS = {"health_required"}
+_PLANE_URLS = {"health_url"}
+_POOL_KEYS = set(_POOL_SCHEMA) - set(PRICE_KEYS) - set(PLANE_KEYS) - _PLANE_FLAGS - _PLANE_URLS
+_PIN_KEYS = set(SCHEMA["pins"])
+_RETIRED = re.compile(r"(?i)^(max_?concurren(t|cy)\w*|max_?(rounds|agents|running|in_?flight)|concurrency(_?(cap|limit))?)$")
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -138,6 +267,12 @@ def _number(where: str, v: Any, lo: float, hi: float, kind: type = float) -> flo
     if not lo <= v <= hi:
         raise PolicyError(f"{where} must be in [{lo}, {hi}], got {v!r}")
     return kind(v)
+
+
+def _key(where: str, table: Mapping[str, Any], name: str, schema: Mapping[str, Key], default: Any = None) -> float:
+    """The number ``table[name]`` (else its default) within the bounds ``schema`` declares for it."""
+    k = schema[name]
+    return _number(f"{where}.{name}", table.get(name, k.default if default is None else default), k.lo, k.hi, k.kind)
 
 
 def _table(where: str, v: Any) -> Mapping[str, Any]:
@@ -254,16 +389,16 @@ def _provider(name: str, p: Any) -> dict[str, Any]:
     p = _table(f"[providers.{name}]", p)
     _retired(f"providers.{name}.", p)
     _unknown(f"[providers.{name}]", p, _PROVIDER_KEYS)
-    route, kind = p.get("route", "global"), p.get("kind", "direct")
-    if route not in ("eu", "global"):
+    route, kind = p.get("route", _PROVIDER["route"].default), p.get("kind", _PROVIDER["kind"].default)
+    if route not in _PROVIDER["route"].choices:
         raise PolicyError(f"providers.{name}.route must be 'eu' or 'global', got {route!r}")
-    if kind not in ("direct", "router"):
+    if kind not in _PROVIDER["kind"].choices:
         raise PolicyError(f"providers.{name}.kind must be 'direct' or 'router', got {kind!r}")
     entry = {"route": route, "kind": kind}
     if "daily_limit_usd" in p:
-        entry["daily_limit_usd"] = _number(f"providers.{name}.daily_limit_usd", p["daily_limit_usd"], 0, 1e9)
+        entry["daily_limit_usd"] = _key(f"providers.{name}", p, "daily_limit_usd", _PROVIDER)
     if "budget_reader" in p:
-        if p["budget_reader"] not in BUDGET_READERS:
+        if p["budget_reader"] not in _PROVIDER["budget_reader"].choices:
             raise PolicyError(f"providers.{name}.budget_reader must be one of {', '.join(BUDGET_READERS)}, "
                               f"got {p['budget_reader']!r}")
         url, env = p.get("budget_url"), p.get("api_key_env")
@@ -297,16 +432,20 @@ def _ceiling(name: str, c: Any) -> dict[str, Any]:
             return float(v)
         return None
 
-    entry: dict[str, Any] = {k: num(k, 0, MAX_CEILING, positive=True) for k in CEILING_LIMITS if k in c}
+    def bounded(k: str) -> float | None:
+        key = _CEILING[k]
+        return num(k, key.lo, key.hi, positive=key.lo_open) if k in c else key.default
+
+    entry: dict[str, Any] = {k: bounded(k) for k in CEILING_LIMITS if k in c}
     if not entry:
         errors.append(f"[{where}] sets no limit: give one of {', '.join(CEILING_LIMITS)}")
-    entry["burst_s"] = num("burst_s", 0.001, 3600) if "burst_s" in c else 1.0
-    entry["headroom"] = num("headroom", 0, 1, positive=True) if "headroom" in c else 0.97
-    charge = c.get("output_charge", "max_tokens")
-    if charge not in OUTPUT_CHARGES:
+    entry["burst_s"] = bounded("burst_s")
+    entry["headroom"] = bounded("headroom")
+    charge = c.get("output_charge", _CEILING["output_charge"].default)
+    if charge not in _CEILING["output_charge"].choices:
         errors.append(f"{where}.output_charge must be one of {', '.join(OUTPUT_CHARGES)}, got {charge!r}")
     entry["output_charge"] = charge
-    reads = c.get("cache_reads_count", False)
+    reads = c.get("cache_reads_count", _CEILING["cache_reads_count"].default)
     if not isinstance(reads, bool):
         errors.append(f"{where}.cache_reads_count must be true or false, got {reads!r}")
     entry["cache_reads_count"] = reads
@@ -325,7 +464,7 @@ def _pool(name: str, p: Any, providers: Mapping[str, Any],
     p = {**p, **_plane(name, p)}
     for k in PRICE_KEYS:
         if k in p:
-            p[k] = _number(f"pools.{name}.{k}", p[k], 0, MAX_PRICE)
+            p[k] = _key(f"pools.{name}", p, k, _POOL_SCHEMA)
     model, at, provider = name.rpartition("@")
     if not at or not model or not provider:
         raise PolicyError(f'pool "{name}" must be written model@provider')
@@ -351,10 +490,8 @@ def _lane(name: str, l: Any, catalog: set[str]) -> dict[str, Any]:
     _unknown(f"[lanes.{name}]", l, _LANE_KEYS)
     lane = {
         "name": name,
-        "floor": _number(f"lanes.{name}.floor", l.get("floor", 0), 0, 1),
-        "weight": _number(f"lanes.{name}.weight", l.get("weight", 1), 1e-6, 1e6),
-        "priority": _number(f"lanes.{name}.priority", l.get("priority", 0), -1e9, 1e9, int),
-        "reserve": _number(f"lanes.{name}.reserve", l.get("reserve", DEFAULT_RESERVE.get(name, OTHER_RESERVE)), 0, 1),
+        **{k: _key(f"lanes.{name}", l, k, _LANE) for k in ("floor", "weight", "priority")},
+        "reserve": _key(f"lanes.{name}", l, "reserve", _LANE, DEFAULT_RESERVE.get(name, OTHER_RESERVE)),
     }
     if "pools" in l:
         own = l["pools"]
@@ -381,8 +518,8 @@ def _floors(lanes: list[dict[str, Any]]) -> None:
 
 
 def _clock(raw: Mapping[str, Any]) -> str:
-    clock = raw.get("clock", "server")
-    if clock not in CLOCKS:
+    clock = raw.get("clock", SCHEMA[""]["clock"].default)
+    if clock not in SCHEMA[""]["clock"].choices:
         raise PolicyError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
     return clock
 
@@ -501,11 +638,12 @@ def _pins(raw: Any, lane_names: set[str]) -> dict[str, list[str]]:
     """[pins]: hard-pinned lanes (declared) and agents."""
     pins = _table("[pins]", raw)
     _unknown("[pins]", pins, _PIN_KEYS)
-    lanes = _names("pins.lanes", pins.get("lanes", []), empty=True)
+    lanes = _names("pins.lanes", pins.get("lanes", SCHEMA["pins"]["lanes"].default), empty=True)
     unknown = [x for x in lanes if x not in lane_names]
     if unknown:
         raise PolicyError(f"pins.lanes: {', '.join(unknown)} not declared under [lanes]")
-    return {"lanes": lanes, "agents": _names("pins.agents", pins.get("agents", []), empty=True)}
+    return {"lanes": lanes, "agents": _names("pins.agents", pins.get("agents", SCHEMA["pins"]["agents"].default),
+                                             empty=True)}
 
 
 def _agents(raw: Any, lane_names: set[str]) -> dict[str, str]:

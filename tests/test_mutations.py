@@ -433,7 +433,7 @@ MUTATIONS = [
     ("a decorated round moves only where move_to says", "admission/integrations/decorator.py",
      "timeout=timeout, move_to=move_to)", "timeout=timeout)", "test_integrations.py",
      "decorated_round_moves_only", "redis"),
-    ("pool prices are checked", "admission/policy.py", 'p[k] = _number(f"pools.{name}.{k}", p[k], 0, MAX_PRICE)',
+    ("pool prices are checked", "admission/policy.py", 'p[k] = _key(f"pools.{name}", p, k, _POOL_SCHEMA)',
      "pass", "test_policy.py", "prices_are_checked"),
     # the provider's Retry-After (test_rules_pause.py)
     ("retry-after pauses the pool", "include/provider.lua", "  if paused then return 'paused' end\n", "",

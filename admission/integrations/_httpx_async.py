@@ -34,6 +34,7 @@ class AsyncRoundBody:
             raise
 
     async def aclose(self) -> None:
+        """Close the body; its round ends now."""
         try:
             await self._inner.aclose()
         finally:
@@ -61,6 +62,8 @@ class AsyncRoundTransport:
         self._inner = inner if inner is not None else self._hx.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: Any) -> Any:
+        """Send ``request`` in a round of its pool (or in the round it is made inside); the
+        round ends when the response's body is read to its end or closed."""
         calls = self._calls
         if self._route.pool is None or calls.settings.declare_budget:
             await request.aread()  # the model (or the answer budget) is in the body
@@ -110,4 +113,5 @@ class AsyncRoundTransport:
         await self._calls.report_load(handle, pool, verdict.view)
 
     async def aclose(self) -> None:
+        """Close the inner transport."""
         await self._inner.aclose()

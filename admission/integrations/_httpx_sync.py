@@ -36,6 +36,7 @@ class RoundBody:
             raise
 
     def close(self) -> None:
+        """Close the body; its round ends now."""
         try:
             self._inner.close()
         finally:
@@ -63,6 +64,8 @@ class RoundTransport:
         self._inner = inner if inner is not None else self._hx.HTTPTransport()
 
     def handle_request(self, request: Any) -> Any:
+        """Send ``request`` in a round of its pool (or in the round it is made inside); the
+        round ends when the response's body is read to its end or closed."""
         calls = self._calls
         if self._route.pool is None or calls.settings.declare_budget:
             request.read()  # the model (or the answer budget) is in the body
@@ -112,4 +115,5 @@ class RoundTransport:
         self._calls.report_load(handle, pool, verdict.view)
 
     def close(self) -> None:
+        """Close the inner transport."""
         self._inner.close()

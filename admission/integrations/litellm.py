@@ -209,6 +209,7 @@ class AdmissionHook(CustomLogger):
         return self._adm
 
     def pool_of(self, model: str) -> str:
+        """The pool of a model group: ``pools``' entry, else ``f"{model}@{provider}"``."""
         return self.pools.get(model) or f"{model}@{self.provider}"
 
     def model_of(self, pool: str) -> str | None:
@@ -295,6 +296,7 @@ class AdmissionHook(CustomLogger):
         return data
 
     async def async_log_success_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        """LiteLLM's success callback: the request's round ends ``clean``, priced from its usage."""
         held = self._take(_round_of(kwargs))
         if held is None:
             return
@@ -306,6 +308,7 @@ class AdmissionHook(CustomLogger):
         await self._release(held, "clean", cost=cost, received=received)
 
     async def async_log_failure_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        """LiteLLM's failure callback: the request's round ends with the classified outcome."""
         held = self._take(_round_of(kwargs))
         if held is None:
             return
@@ -316,6 +319,7 @@ class AdmissionHook(CustomLogger):
 
     async def async_post_call_failure_hook(self, request_data: dict, original_exception: Exception,
                                            user_api_key_dict: Any, traceback_str: str | None = None) -> None:
+        """The proxy's failure hook: a round still held ends with the classified outcome."""
         held = self._take(_round_of(request_data))
         if held is not None:
             _note_error(held, original_exception)
