@@ -346,9 +346,9 @@ local function seat_round(r, o, ticket, marker)
   add_seat(r.cfg, pool, lane, id, {pod = pod, agent = r.agent, at = now, seq = p.seq, load = p.running + 1, parent = parent,
     rev = rev and fmt(rev) or '', probe = probe and '1' or '', delegated = delegated and parent or '',
     movedFrom = (moved and borrow == '') and asked or '', borrowedFor = borrow ~= '' and asked or '',
-    tokens = tokens, area0 = tokens and p.area, virt0 = tokens and p.virt, counted = true},
+    tokens = tokens, area0 = tokens and p.area, virt0 = tokens and p.virt, counted = true,
+    extra = r.res and seat_fields(r.res_scope, r.res)},
     now + T.lease_ttl)
-  if r.res then redis.call('HSET', key('seat', id), unpack(seat_fields(r.res_scope, r.res))) end
   keep_sweep_before(marker, now + T.lease_ttl)
   if intent then -- the watermark moves up to this revision; an earlier refusal is superseded
     if rev and rev > (intent.rev or -1) then write_intent(id, 'rev', fmt(rev)) end

@@ -100,3 +100,25 @@ def test_against_refuses_a_folder_without_the_lua(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--against", str(tmp_path), "--engine", ENGINE])
     assert "holds no admit.lua" in capsys.readouterr().err
+
+
+def test_against_with_ceilings_debits_six_buckets_and_reconciles(tmp_path, capsys):
+    """``--against --ceilings``: the policy gives the pool a scope of the six ceilings, every admit
+    declares a call and every release its usage (a bad one would be refused: the run would fail),
+    and the table says what was measured."""
+    import shutil
+
+    from admission._paths import lua_dir
+    from admission.tools.bench import against
+    from admission.tools.bench.policy import BENCH_CEILINGS, POOL, bench_policy
+
+    other = tmp_path / "lua"
+    shutil.copytree(lua_dir(), other)
+    (other / "admit.lua").write_text((other / "admit.lua").read_text() + "\n-- another version\n")
+    result = against.run_against(str(ENGINE), other, [1], 2, 5, progress=False, ceilings=True)
+    assert bench_policy(1, 2, ceilings=True)["pools"][POOL]["ceilings"] == "bench"
+    assert result["ceilings"] is True and set(BENCH_CEILINGS) == {"rpm", "tpm", "itpm", "otpm", "rpd", "tpd"}
+    assert "six rate ceilings" in against.render_against(result)
+    assert bench.main(["--against", str(other), "--ceilings", "--quick", "--engine", ENGINE, "--lanes", "1",
+                       "--no-progress"]) == 0
+    assert "--ceilings" in capsys.readouterr().out

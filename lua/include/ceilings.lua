@@ -241,8 +241,9 @@ local function reconcile(cfg, s, u, now)
   b.meanOut = b.meanOut and b.meanOut + w * (out / calls - b.meanOut) or out / calls
   tally(b, 0, res.inp + res.out)
   sample(b, inp + out, (tonumber(s.cIn) or 0) + (tonumber(s.cOut) or 0))
+  local extra = b.extra -- the mean goes in the levels' one write
+  for _, v in ipairs({'meanIn', fmt(b.meanIn), 'meanOut', fmt(b.meanOut), 'n', fmt(b.n)}) do extra[#extra + 1] = v end
   save_levels(b)
-  redis.call('HSET', key('ceil', scope), 'meanIn', fmt(b.meanIn), 'meanOut', fmt(b.meanOut), 'n', fmt(b.n))
 end
 
 -- The provider said a ceiling is spent (a 429 naming it): that bucket is empty until `reset`

@@ -31,9 +31,11 @@ local GONE_TTL = 86400
 
 -- `s.counted`: the caller wrote the pool's running already (admit, with its other pool fields).
 local function add_seat(cfg, pool, lane, id, s, lease_until)
+  -- s.extra: more fields of the same write (a rate-ceiling reservation, ceilings.lua seat_fields)
   redis.call('HSET', key('seat', id), 'lane', lane, 'pool', pool, 'pod', s.pod, 'agent', s.agent or '',
     'at', fmt(s.at), 'seq', s.seq, 'parent', s.parent or '', 'rev', s.rev or '',
-    'delegated', s.delegated or '', 'movedFrom', s.movedFrom or '', 'borrowedFor', s.borrowedFor or '', 'signalled', s.signalled or '', 'probe', s.probe or '', 'load', s.load or '')
+    'delegated', s.delegated or '', 'movedFrom', s.movedFrom or '', 'borrowedFor', s.borrowedFor or '', 'signalled', s.signalled or '', 'probe', s.probe or '', 'load', s.load or '',
+    unpack(s.extra or {}))
   redis.call('ZADD', key('seats'), lease_until, id)
   if s.tokens then -- a declared round (capline.lua): its size and the load clock now; the caller counted it
     redis.call('HSET', key('seat', id), 'tokens', fmt(s.tokens), 'area0', fmt(s.area0), 'virt0', fmt(s.virt0))

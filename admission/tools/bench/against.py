@@ -12,13 +12,14 @@ from typing import Any, Sequence
 import redis
 
 from ...client import Admission
+from ...core import Usage
 from ... import scripts
 from ..progress import NoBar, progress_bar
 from ..servers import LocalServer
 from ..stats import percentile
 from .case import _fcall_stats, fill_seats
 from .output import report
-from .policy import MEASURED_LANE, MESH, POOL
+from .policy import BENCH_CALL, MEASURED_LANE, MESH, POOL
 
 
 def _library_of(lua: Path) -> tuple[str, str]:
@@ -44,13 +45,20 @@ def _library_of(lua: Path) -> tuple[str, str]:
         scripts.library.cache_clear()
 
 
+#: what a ``--ceilings`` release reports the provider counted (less than reserved: a refund)
+USAGE = Usage(input_tokens=1_500, cache_read_tokens=400, output_tokens=300)
+
+
 def run_against(engine: str, other: Path, lanes: Sequence[int], rounds: int, block: int,
-                progress: bool | None = None) -> dict[str, Any]:
+                progress: bool | None = None, ceilings: bool = False) -> dict[str, Any]:
     """This Lua against ``other`` in ONE server: both libraries loaded under their versioned names,
     blocks of ``block`` admits (then their releases) alternating between them for ``rounds``
     rounds, the server's µs per call of each block from INFO commandstats. One server and
     alternating blocks put the machine's drift on both alike; the minimum and the lower quintile
-    over the blocks are the figures that stand out of a noisy machine's variance."""
+    over the blocks are the figures that stand out of a noisy machine's variance.
+    ``ceilings``: the pool has a scope of six rate ceilings (``BENCH_CEILINGS``); every admit
+    declares a call (``BENCH_CALL``) and every release reconciles its usage. A library older than
+    the ceilings reads the same policy and checks none: the difference is the six buckets."""
     this_code, this_version = scripts.library()
     other_code, other_version = _library_of(other)
     if other_version == this_version:
@@ -63,7 +71,7 @@ def run_against(engine: str, other: Path, lanes: Sequence[int], rounds: int, blo
         adm = Admission(setup, mesh=MESH, pod="bench", background=False, seed=0)
         n = 0
         for n_lanes in sorted(set(lanes)):
-            fill_seats(setup, adm, n_lanes, 10, NoBar())
+            fill_seats(setup, adm, n_lanes, 10, NoBar(), ceilings=ceilings)
             setup.function_load(this_code, replace=True)
             setup.function_load(other_code, replace=True)
             per: dict[str, dict[str, list[float]]] = {k: {"admit": [], "release": []} for k in versions}
@@ -73,13 +81,14 @@ def run_against(engine: str, other: Path, lanes: Sequence[int], rounds: int, blo
                     calls = []
                     for _ in range(block):
                         n += 1
-                        calls.append(adm.core.admit(lane=MEASURED_LANE, model=POOL, round_id=f"ab-{n}", draw=0.5))
+                        calls.append(adm.core.admit(lane=MEASURED_LANE, model=POOL, round_id=f"ab-{n}", draw=0.5,
+                                                    **(BENCH_CALL if ceilings else {})))
                     setup.config_resetstat()
                     seats = [c.decode(setup.execute_command("FCALL", f"adm_admit_{version}", len(c.keys), *c.keys,
                                                             *c.args)).seat for c in calls]
                     per[name]["admit"].append(_usec_per_call(setup))
-                    releases = [adm.core.release(seat, outcome="clean", seconds=1.0, cost_usd=0.002)
-                                for seat in seats]
+                    releases = [adm.core.release(seat, outcome="clean", seconds=1.0, cost_usd=0.002,
+                                                 usage=USAGE if ceilings else None) for seat in seats]
                     setup.config_resetstat()
                     for c in releases:
                         setup.execute_command("FCALL", f"adm_release_{version}", len(c.keys), *c.keys, *c.args)
@@ -93,7 +102,7 @@ def run_against(engine: str, other: Path, lanes: Sequence[int], rounds: int, blo
             cases.append(row)
         version = srv.version
     return {"engine": engine, "version": version, "this": this_version, "other": other_version,
-            "other_dir": str(other), "rounds": rounds, "block": block, "cases": cases,
+            "other_dir": str(other), "ceilings": ceilings, "rounds": rounds, "block": block, "cases": cases,
             "elapsed_s": round(time.perf_counter() - started, 1)}
 
 
@@ -117,4 +126,7 @@ def render_against(result: dict[str, Any], markdown: bool = False) -> str:
     notes = [f"{result['rounds']} rounds of {result['block']} admits then their releases per library, the libraries "
              "alternating in one server; min and p20 over the blocks (INFO commandstats per block)",
              f"whole run {result['elapsed_s']:.0f} s"]
+    if result.get("ceilings"):
+        notes.insert(1, "--ceilings: the pool's scope has six rate ceilings; each admit declares a call and each "
+                        "release reconciles its usage (a library without ceilings checks none)")
     return report(head, columns, rows, notes, markdown)

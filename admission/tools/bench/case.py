@@ -155,11 +155,11 @@ class Queue:
         return self.next - self.oldest
 
 
-def fill_seats(setup: redis.Redis, adm: Admission, lanes: int, seats: int, progress) -> None:
+def fill_seats(setup: redis.Redis, adm: Admission, lanes: int, seats: int, progress, ceilings: bool = False) -> None:
     """Fresh state: the policy and ``seats`` live seats, round-robin over the lanes (the measured
-    lane first, so it holds at least one)."""
+    lane first, so it holds at least one); ``ceilings``: the pool's scope has six buckets."""
     setup.flushall()
-    adm.ops.apply_policy(bench_policy(lanes, BIG_ESTIMATE), recovery_hold=False)
+    adm.ops.apply_policy(bench_policy(lanes, BIG_ESTIMATE, ceilings), recovery_hold=False)
     filler = Core(MESH, "filler", seed=0)
     names = list(lanes_table(lanes))
     fill = (filler.admit(lane=names[i % len(names)], model=POOL, round_id=f"s-{i}", draw=0.0, wait=False)

@@ -49,6 +49,10 @@ def parser() -> argparse.ArgumentParser:
                    help="instead: this checkout's Lua against another Lua folder (e.g. of `git worktree add "
                         "/tmp/base HEAD~1`: /tmp/base/lua), side by side in one server, server µs per admit "
                         "and release (--lanes, default 7,32)")
+    p.add_argument("--ceilings", action="store_true",
+                   help="with --against: the pool has a scope of six rate ceilings (rpm, tpm, itpm, otpm, rpd, "
+                        "tpd; never refusing): each admit checks and debits six buckets, each release "
+                        "reconciles them")
     p.add_argument("--json", metavar="FILE", help="also save the figures as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -75,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser().error(f"--against: {other} holds no admit.lua")
         with quiet_logs():
             result = run_against(args.engine, other, args.lanes or [7, 32], 30 if not args.quick else 6,
-                                 200 if not args.quick else 50, progress=False if args.no_progress else None)
+                                 200 if not args.quick else 50, progress=False if args.no_progress else None,
+                                 ceilings=args.ceilings)
         print(render_against(result, markdown=args.markdown), flush=True)
         if args.json:
             write_json(args.json, result)

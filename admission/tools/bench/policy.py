@@ -60,14 +60,25 @@ def lanes_table(n: int) -> dict[str, dict[str, Any]]:
     return table
 
 
-def bench_policy(n_lanes: int, seed_estimate: float) -> dict[str, Any]:
-    return {
+#: ``--ceilings``: the pool's scope has all six rate ceilings, too large to ever refuse, so each
+#: admit checks and debits six buckets and each release reconciles them
+BENCH_CEILINGS = {"rpm": 1e11, "tpm": 1e11, "itpm": 1e11, "otpm": 1e11, "rpd": 1e11, "tpd": 1e11}
+#: what a ``--ceilings`` admit declares and its release reports (tokens)
+BENCH_CALL = {"input_tokens": 2_000, "max_tokens": 1_024}
+
+
+def bench_policy(n_lanes: int, seed_estimate: float, ceilings: bool = False) -> dict[str, Any]:
+    pol: dict[str, Any] = {
         "tunables": {"seed_estimate": seed_estimate, "max_estimate": BIG_ESTIMATE,
                      "lease_ttl": LEASE_TTL, "grow_interval": LEASE_TTL},
         "lanes": lanes_table(n_lanes),
         "providers": {PROVIDER: {}},
         "pools": {POOL: {}},
     }
+    if ceilings:
+        pol["ceilings"] = {"bench": dict(BENCH_CEILINGS)}
+        pol["pools"][POOL]["ceilings"] = "bench"
+    return pol
 
 
 def extra_target(lanes: int) -> float:
