@@ -119,12 +119,14 @@ def test_a_pod_cut_off_from_redis_shows_its_outbox_growing_then_draining(server_
         assert pod_values(metrics.url, "pod-1")["admission_pod_pending_records"] == 2
 
         proxy.heal()  # the clock replays the outbox on its next turns
-        v = wait_for(metrics.url, "pod-1", "the outbox never drained", lambda v: v["admission_pod_pending_records"] == 0)
+        # the waiter may take the seat the replayed release freed at its next ask, or still wait
+        v = wait_for(metrics.url, "pod-1", "the outbox never drained",
+                     lambda v: v["admission_pod_pending_records"] == 0
+                     and v["admission_pod_rounds_held"] + v["admission_pod_rounds_waiting"] == 2)
         assert v["admission_pod_outbox_bytes"] == HEADER_LEN  # compacted: the header alone
-        assert (v["admission_pod_rounds_held"], v["admission_pod_rounds_waiting"]) == (1, 1)
         day = time.strftime("%Y-%m-%d", time.gmtime())
         assert pod.ops.ledger(day)["a"]["p"] == pytest.approx(0.75)  # both records booked once
-        pod.release(seats[1], outcome="clean", seconds=1.0)  # its wake-up admits the waiter
+        pod.release(seats[1], outcome="clean", seconds=1.0)  # its wake-up admits a waiter still waiting
         wait_for(metrics.url, "pod-1", "the waiter was never admitted",
                  lambda v: (v["admission_pod_rounds_held"], v["admission_pod_rounds_waiting"]) == (1, 0))
         thread.join(10)
