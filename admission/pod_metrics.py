@@ -30,17 +30,19 @@ from typing import Any, Iterator
 from .outbox import OutboxError
 from .serve.metrics import MissingExtra
 
-__all__ = ["PodCollector", "PodMetricsServer", "start_metrics_server", "GAUGES"]
+__all__ = ["PodCollector", "PodMetricsServer", "start_metrics_server", "GAUGES", "INFO"]
 
 LABELS = ("mesh", "pod")
-#: name -> help, in the order they are exported
-GAUGES = {
-    "admission_pod_pending_records": "Ledger records (releases, charges) waiting for Redis, in memory and in the outbox.",
-    "admission_pod_outbox_bytes": "Size of the pod's outbox file (0 without an outbox).",
-    "admission_pod_outbox_max_bytes": "The bound of the pod's outbox file (0 without an outbox).",
-    "admission_pod_rounds_held": "Seats this pod holds.",
-    "admission_pod_rounds_waiting": "Rounds of this pod waiting for a seat.",
+#: name -> (labels, help), in the order they are exported (the shape of admission.serve's GAUGES)
+GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
+    "admission_pod_pending_records": (LABELS, "Ledger records (releases, charges) waiting for Redis, in memory and in the outbox."),
+    "admission_pod_outbox_bytes": (LABELS, "Size of the pod's outbox file (0 without an outbox)."),
+    "admission_pod_outbox_max_bytes": (LABELS, "The bound of the pod's outbox file (0 without an outbox)."),
+    "admission_pod_rounds_held": (LABELS, "Seats this pod holds."),
+    "admission_pod_rounds_waiting": (LABELS, "Rounds of this pod waiting for a seat."),
 }
+#: the info metric (stored as ``admission_pod_info``): its labels beside ``LABELS``, and its help
+INFO = ("admission_pod", ("client", "outbox"), "The pod's admission client: sync or asyncio, and its outbox's path.")
 
 
 def _prometheus() -> Any:
@@ -82,11 +84,12 @@ class PodCollector:
         adm = self.adm
         labels = [adm.mesh, adm.pod]
         for name, value in self.values().items():
-            family = self._gauge(name, GAUGES[name], labels=list(LABELS), unit="bytes" if name.endswith("_bytes") else "")
+            names, doc = GAUGES[name]
+            family = self._gauge(name, doc, labels=list(names), unit="bytes" if name.endswith("_bytes") else "")
             family.add_metric(labels, value)
             yield family
         outbox = adm._pending.outbox
-        info = self._info("admission_pod", "The pod's admission client.", labels=list(LABELS))
+        info = self._info(INFO[0], INFO[2], labels=list(LABELS))
         info.add_metric(labels, {"client": "asyncio" if _is_async(adm) else "sync",
                                  "outbox": "" if outbox is None else outbox.path})
         yield info
