@@ -24,6 +24,9 @@ script, one log line per item. What asyncio changes is the shutdown, which is ex
 
 Configuration: ``ADMISSION_URL``, ``ADMISSION_MESH``, ``ADMISSION_POD`` (the admission);
 ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` (read by the SDK itself); the flags (``--help``).
+``--metrics-port PORT`` serves the pod's own gauges on ``0.0.0.0:PORT/metrics``
+(``admission.pod_metrics``: its ledger records waiting for Redis, seats held, waiters; the
+``serve`` extra); off by default.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ import redis.asyncio as aredis
 from admission import AsyncAdmission, WaitTimeout
 from admission.errors import AdmissionError
 from admission.integrations.openai import wrap
+from admission.pod_metrics import start_metrics_server
 
 log = logging.getLogger("worker")
 
@@ -78,6 +82,8 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wait", type=float, default=600.0, help="seconds a round may wait for a seat")
     p.add_argument("--grace", type=float, default=30.0, help="seconds the calls in flight get after SIGTERM/SIGINT")
     p.add_argument("--exit-when-empty", action="store_true", help="exit once the queue is empty (tests, batches)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve the pod's gauges on 0.0.0.0:PORT/metrics (default: off)")
     args = p.parse_args(argv)
     if args.tasks < 1 or args.attempts < 1 or args.max_tokens < 1:
         p.error("--tasks, --attempts and --max-tokens must be at least 1")
@@ -242,6 +248,7 @@ async def serve(args: argparse.Namespace) -> int:
         log.error("cannot start: %s", exc)
         return 1
     worker = Worker(args, adm, queue, pod)
+    metrics = None if args.metrics_port is None else start_metrics_server(adm, args.metrics_port)
     loop = asyncio.get_running_loop()
 
     def on_signal(sig: signal.Signals) -> None:
@@ -270,6 +277,8 @@ async def serve(args: argparse.Namespace) -> int:
             loop.remove_signal_handler(sig)
         await adm.close()
         await queue.client.aclose()
+        if metrics is not None:
+            metrics.stop()
     log.info("worker %s stopped", pod)
     return 1 if crashed else 0
 

@@ -40,6 +40,9 @@ Choices:
 
 Configuration: ``ADMISSION_URL``, ``ADMISSION_MESH``, ``ADMISSION_POD`` (the admission);
 ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` (read by the SDK itself); the flags (``--help``).
+``--metrics-port PORT`` serves the pod's own gauges on ``0.0.0.0:PORT/metrics``
+(``admission.pod_metrics``: its ledger records waiting for Redis, seats held, waiters; the
+``serve`` extra); off by default.
 """
 from __future__ import annotations
 
@@ -61,6 +64,7 @@ import redis
 from admission import Admission, WaitTimeout
 from admission.errors import AdmissionError
 from admission.integrations.openai import wrap
+from admission.pod_metrics import start_metrics_server
 
 log = logging.getLogger("worker")
 
@@ -92,6 +96,8 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wait", type=float, default=600.0, help="seconds a round may wait for a seat")
     p.add_argument("--grace", type=float, default=30.0, help="seconds to finish after SIGTERM/SIGINT")
     p.add_argument("--exit-when-empty", action="store_true", help="exit once the queue is empty (tests, batches)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve the pod's gauges on 0.0.0.0:PORT/metrics (default: off)")
     args = p.parse_args(argv)
     if args.threads < 1 or args.attempts < 1 or args.max_tokens < 1:
         p.error("--threads, --attempts and --max-tokens must be at least 1")
@@ -250,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot start: %s", exc)
         return 1
     worker = Worker(args, adm, queue, pod)
+    metrics = None if args.metrics_port is None else start_metrics_server(adm, args.metrics_port)
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("%s: finishing (grace %gs)", signal.Signals(signum).name, args.grace)
@@ -270,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(t.is_alive() for t in threads):
         log.warning("grace over: %d item(s) given back, still waiting for a seat", worker.abandon())
     adm.close()
+    if metrics is not None:
+        metrics.stop()
     log.info("worker %s stopped", pod)
     return 0
 

@@ -1,12 +1,15 @@
 """What operators import: the Grafana dashboard and the Prometheus alerts of deploy/.
 
 * every metric a dashboard query or an alert expression names is one a live `admission serve`
-  exports (started here as a process over a real Redis, a policy applied and rounds run), under
-  the name Prometheus stores (a counter as ``<family>_total``);
+  exports (started here as a process over a real Redis, a policy applied and rounds run) or a
+  live pod's own /metrics does (``admission.pod_metrics``, the same rounds' client), under the
+  name Prometheus stores (a counter as ``<family>_total``);
 * the dashboard is a Grafana dashboard (panels with queries, unique ids, the provisioned
-  datasource) and the compose file provisions it, Prometheus and the rules;
+  datasource) and the compose file provisions it, Prometheus (scraping the census server and
+  every demo pod's metrics port) and the rules;
 * ``promtool check rules`` and ``promtool check config`` pass (Debian's ``prometheus`` package,
-  installed by .ci/run; skipped only outside CI when promtool is missing);
+  installed by .ci/run; skipped only outside CI when promtool is missing), and ``promtool test
+  rules`` shows the outbox alerts fire on a growing outbox and not on a flat or draining one;
 * deploy/k8s/monitoring/prometheus-rule.yaml embeds the rules file's groups as they are, and
   docs/operators.md documents every alert.
 """
@@ -30,7 +33,8 @@ import yaml
 pytest.importorskip("prometheus_client", reason="the serve extra: pip install 'admission[serve]'")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from helpers import POOL, adm, policy  # noqa: E402
+from admission import Admission  # noqa: E402
+from helpers import POOL, policy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana").glob("*.json"))
@@ -105,19 +109,25 @@ def stored_names(text: str) -> tuple[set[str], set[str]]:
 
 
 @pytest.fixture
-def live_metrics(server_url) -> str:
-    """/metrics of `admission serve` (the CLI, its own process) over a mesh with a policy, a
-    budget, rounds admitted, released, refused and rate-limited."""
+def live_metrics(server_url, tmp_path) -> dict[str, str]:
+    """The two /metrics Prometheus scrapes: ``census``, of `admission serve` (the CLI, its own
+    process) over a mesh with a policy, a budget, rounds admitted, released, refused and
+    rate-limited; ``pod``, the pod gauges of the client that ran those rounds (it has an outbox
+    and holds seats), served by ``start_metrics_server``."""
+    from admission.pod_metrics import start_metrics_server
+
     client = redis.Redis.from_url(server_url)
     pol = policy()
     pol["providers"]["p"]["daily_limit_usd"] = 50
-    a = adm(client, mesh=MESH, pol=pol)
+    a = Admission(client, mesh=MESH, pod="pod-a", background=False, seed=1, outbox=tmp_path / "pod-a.outbox")
+    a.ops.apply_policy(pol, recovery_hold=False)
     seats = [a.try_admit(lane="a", model=POOL, round_id=f"r-a-{i}").seat for i in range(3)]
     a.report(seats[1], signal="rate_limited")
     a.release(seats[0], outcome="clean", seconds=2.0, cost_usd=1.25)
     a.release(seats[1], outcome="rate_limited", seconds=1.0)
     for i in range(12):  # past the pool's slots: some are refused
         a.try_admit(lane="b", model=POOL, round_id=f"r-b-{i}")
+    pod = start_metrics_server(a, 0, addr="127.0.0.1")
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "admission", "serve", "--url", server_url, "--mesh", MESH,
                              "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -131,8 +141,11 @@ def live_metrics(server_url) -> str:
             time.sleep(0.1)
         status, text = get(f"http://127.0.0.1:{port}/metrics")
         assert status == 200
-        yield text
+        pod_status, pod_text = get(pod.url)
+        assert pod_status == 200
+        yield {"census": text, "pod": pod_text}
     finally:
+        pod.stop()
         proc.terminate()
         try:
             proc.wait(timeout=10)
@@ -146,11 +159,20 @@ def live_metrics(server_url) -> str:
 # -- the metric names, against a live /metrics ----------------------------------------------------
 
 
+def exported(live_metrics: dict[str, str]) -> tuple[set[str], set[str]]:
+    """(declared, sampled) over everything Prometheus scrapes: the census server and a pod."""
+    census, pod = stored_names(live_metrics["census"]), stored_names(live_metrics["pod"])
+    return census[0] | pod[0], census[1] | pod[1]
+
+
 def test_every_query_and_alert_uses_exported_metrics(live_metrics):
-    declared, sampled = stored_names(live_metrics)
+    declared, sampled = exported(live_metrics)
     # the rounds run above filled the series the main panels draw
     assert {"admission_census_up", "admission_pool_estimate", "admission_pool_running",
             "admission_budget_limit_usd", "admission_admitted_total", "admission_signals_total"} <= sampled
+    # and the pod's own gauges, which the outbox alerts read
+    assert {"admission_pod_pending_records", "admission_pod_outbox_bytes", "admission_pod_outbox_max_bytes",
+            "admission_pod_rounds_held", "admission_pod_rounds_waiting"} <= sampled
     used: dict[str, set[str]] = {}
     for path in DASHBOARDS:
         for where, expr in dashboard_queries(dashboard(path)):
@@ -160,16 +182,28 @@ def test_every_query_and_alert_uses_exported_metrics(live_metrics):
         for name in metric_names(rule["expr"]):
             used.setdefault(name, set()).add(f"{RULES.name}: {rule['alert']}")
     assert len(used) >= 15, sorted(used)
+    assert any(name.startswith("admission_pod_") for name in used), "no alert reads a pod's gauges"
     missing = {name: sorted(where) for name, where in used.items() if name not in declared}
-    assert not missing, f"not exported by admission serve: {missing}"
+    assert not missing, f"not exported by admission serve or a pod: {missing}"
 
 
 def test_the_name_check_is_not_a_rubber_stamp(live_metrics):
-    declared, _ = stored_names(live_metrics)
+    declared, _ = exported(live_metrics)
     assert metric_names('sum(rate(admission_refused_total{reason="admission_nope"}[5m]))') == {"admission_refused_total"}
     assert "admission_refused_total" in declared
     assert "admission_refused" not in declared       # a counter is stored as <family>_total
     assert "admission_pool_estimate_total" not in declared
+    assert "admission_pod_pending_records_total" not in declared   # a gauge keeps its name
+    assert "admission_pod_outbox" not in declared
+    # each source counts: the pod's gauges come from the pod, not from the census server
+    census, _ = stored_names(live_metrics["census"])
+    pod, _ = stored_names(live_metrics["pod"])
+    assert "admission_pod_pending_records" in pod and "admission_pod_pending_records" not in census
+    assert "admission_census_up" in census and "admission_census_up" not in pod
+    # and the pod page is this pod's: the client that ran the rounds holds one seat (r-a-2)
+    values = {(s.name, s.labels.get("pod")): s.value
+              for fam in text_string_to_metric_families(live_metrics["pod"]) for s in fam.samples}
+    assert values[("admission_pod_rounds_held", "pod-a")] >= 1
 
 
 # -- the dashboard and its provisioning ------------------------------------------------------------
@@ -212,9 +246,18 @@ def test_compose_provisions_prometheus_and_grafana():
     for rule_file in config["rule_files"]:    # relative to the config file, in both places
         assert (PROM_CONFIG.parent / rule_file).resolve() == RULES
         assert mounts[f"/etc/prometheus/{rule_file}"] == "./" + str(RULES.relative_to(ROOT))
-    (job,) = config["scrape_configs"]
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == {"admission", "admission-pods"}
     census_port = services["census-server"]["command"][services["census-server"]["command"].index("--port") + 1]
-    assert job["static_configs"][0]["targets"] == [f"census-server:{census_port}"]
+    assert jobs["admission"]["static_configs"][0]["targets"] == [f"census-server:{census_port}"]
+    # every demo pod serves its gauges on the compose network, and Prometheus scrapes each one
+    pods = {name: s for name, s in services.items() if s.get("command", [""])[0] == "demo-pod"}
+    targets = []
+    for name, s in pods.items():
+        port = s["command"][s["command"].index("--metrics-port") + 1]
+        assert port in s["expose"], name
+        targets.append(f"{name}:{port}")
+    assert len(pods) >= 2 and jobs["admission-pods"]["static_configs"][0]["targets"] == targets
     datasource = yaml.safe_load((PROVISIONING / "datasources" / "prometheus.yaml").read_text())["datasources"][0]
     assert datasource["url"] == "http://prometheus:9090" and "9090:9090" in services["prometheus"]["ports"]
     provider = yaml.safe_load((PROVISIONING / "dashboards" / "admission.yaml").read_text())["providers"][0]
@@ -254,6 +297,72 @@ def test_promtool_is_not_a_rubber_stamp(tmp_path):
     assert out.returncode != 0
 
 
+#: ``promtool test rules`` input: 15 s scrapes of pods whose pending records grow, stay flat, or
+#: come and go (blips that replay within a minute); an outbox filling up; a census that goes down.
+ALERT_CASES = """
+evaluation_interval: 15s
+tests:
+  - interval: 15s
+    input_series:
+      - series: 'admission_pod_pending_records{mesh="m",pod="growing"}'
+        values: '0 0 1+1x120'
+      - series: 'admission_pod_pending_records{mesh="m",pod="flat"}'
+        values: '3x120'
+      - series: 'admission_pod_pending_records{mesh="m",pod="blips"}'
+        values: '%(blips)s'
+      - series: 'admission_pod_pending_records{mesh="m",pod="drained"}'
+        values: '0 1+1x24 0x95'
+      - series: 'admission_pod_outbox_bytes{mesh="m",pod="growing"}'
+        values: '16+1000000x120'
+      - series: 'admission_pod_outbox_max_bytes{mesh="m",pod="growing"}'
+        values: '67108864x120'
+      - series: 'admission_pod_outbox_bytes{mesh="m",pod="none"}'
+        values: '0x120'
+      - series: 'admission_pod_outbox_max_bytes{mesh="m",pod="none"}'
+        values: '0x120'
+      - series: 'admission_census_up{mesh="m"}'
+        values: '1 1 0x120'
+    alert_rule_test:
+      - {eval_time: 9m, alertname: AdmissionOutboxGrowing, exp_alerts: []}
+      - eval_time: 12m
+        alertname: AdmissionOutboxGrowing
+        exp_alerts: [{exp_labels: {severity: critical, mesh: m, pod: growing}}]
+      - eval_time: 25m
+        alertname: AdmissionOutboxGrowing
+        exp_alerts: [{exp_labels: {severity: critical, mesh: m, pod: growing}}]
+      - {eval_time: 10m, alertname: AdmissionOutboxNearlyFull, exp_alerts: []}
+      - eval_time: 20m
+        alertname: AdmissionOutboxNearlyFull
+        exp_alerts: [{exp_labels: {severity: warning, mesh: m, pod: growing}}]
+      - {eval_time: 1m, alertname: AdmissionRedisUnreachable, exp_alerts: []}
+      - eval_time: 3m
+        alertname: AdmissionRedisUnreachable
+        exp_alerts: [{exp_labels: {severity: critical, mesh: m}}]
+""" % {"blips": " ".join(["0 1 2 3 0"] * 25)}
+
+
+def test_promtool_the_outbox_alerts_fire_on_a_growing_outbox_only(tmp_path):
+    """A pod whose records grow without draining fires AdmissionOutboxGrowing after 10 minutes
+    (5 without reaching 0, then `for: 5m`); a flat backlog, blips that replay, and a backlog that
+    drained do not. (The rules are copied without their annotations: promtool would compare them.)"""
+    doc = yaml.safe_load(RULES.read_text())
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "cases.yml").write_text("rule_files: [rules.yml]\n" + ALERT_CASES)
+    out = subprocess.run([promtool(), "test", "rules", "cases.yml"], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    # and the check bites: the flat pod is expected to fire, it does not
+    (tmp_path / "cases.yml").write_text("rule_files: [rules.yml]\n" + ALERT_CASES.replace(
+        "exp_labels: {severity: critical, mesh: m, pod: growing}}]\n      - eval_time: 25m",
+        "exp_labels: {severity: critical, mesh: m, pod: flat}}]\n      - eval_time: 25m"))
+    out = subprocess.run([promtool(), "test", "rules", "cases.yml"], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
+    assert out.returncode != 0
+
+
 def test_alerts_cover_what_operators_watch():
     found = rules()
     names = [r["alert"] for r in found]
@@ -266,7 +375,8 @@ def test_alerts_cover_what_operators_watch():
     watched = {  # the issue's list: provider closed, lane starving, K-hat collapsing, 429s, census stale, outbox
         "AdmissionProviderClosed": "admission_pool_closed", "AdmissionLaneStarving": "admission_starving",
         "AdmissionEstimateCollapsing": "admission_pool_estimate", "AdmissionRateLimitedRising": "admission_signals_total",
-        "AdmissionCensusStale": "admission_census_age_seconds", "AdmissionOutboxGrowing": "admission_census_up"}
+        "AdmissionCensusStale": "admission_census_age_seconds", "AdmissionRedisUnreachable": "admission_census_up",
+        "AdmissionOutboxGrowing": "admission_pod_pending_records"}
     for alert, metric in watched.items():
         assert metric in uses[alert], alert
     assert 'signal="rate_limited"' in next(r["expr"] for r in found if r["alert"] == "AdmissionRateLimitedRising")

@@ -102,6 +102,43 @@ def test_demo_pod_then_census_watch():
         assert lane in frame
 
 
+def test_demo_pod_serves_its_gauges_with_metrics_port():
+    """``--metrics-port`` (docker-compose's pods): the pod's own /metrics while it runs."""
+    import time
+    import urllib.request
+
+    from admission.tools.servers import free_port
+
+    pytest.importorskip("prometheus_client")
+    port, pages, done = free_port(), [], threading.Event()
+
+    def scrape() -> None:
+        while not done.is_set():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+                if 'admission_pod_rounds_held{mesh="pm",pod="pod-m"} 0.0' not in text:
+                    pages.append(text)  # a page with seats held
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+
+    with LocalServer(ENGINE) as srv, FakeProviderServer(capacity=4, scale=60).running() as provider_url:
+        scraper = threading.Thread(target=scrape, daemon=True)
+        scraper.start()
+        try:
+            assert demo.pod_cli(["--url", srv.url, "--mesh", "pm", "--pod", "pod-m", "--seconds", "3",
+                                 "--provider-url", provider_url, "--pods", "1", "--metrics-port", str(port)]) == 0
+        finally:
+            done.set()
+            scraper.join(5)
+    assert pages, "no page with seats held while the pod ran"
+    assert 'admission_pod_pending_records{mesh="pm",pod="pod-m"} 0.0' in pages[0]
+    with pytest.raises(OSError):  # stopped with the pod
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
 def test_demo_pod_without_a_provider_url_runs_its_own(capfd):
     with LocalServer(ENGINE) as srv:
         assert demo.pod_cli(["--url", srv.url, "--mesh", "own", "--pod", "pod-b", "--seconds", "1.5",

@@ -8,6 +8,9 @@ of deploy/redis-acl.conf do what docs/production.md says, on real servers.
 * the manifests refer only to Secrets, ConfigMaps and keys that deploy/k8s defines, every
   `$(VAR)` is defined in its container, and the admission containers' arguments parse with the
   CLI's own parser; the worker takes its pod id from the Downward API;
+* the worker's metrics port is the one its `--metrics-port` names, and
+  deploy/k8s/monitoring/pod-monitor.yaml (a PodMonitor: a CRD, checked field by field here)
+  scrapes it on the worker pods;
 * the ACL lines, applied to a real Redis 7 / Valkey 8: the pod user runs the rules (admit, wait
   and be woken, heartbeat, tick, census, charge, release, the roll-over) with nothing refused,
   and may not FLUSHALL, touch keys or channels outside adm:*, run EVAL or FUNCTION LOAD; the
@@ -136,6 +139,46 @@ def test_census_server_probes_port_and_scrape_annotations():
     svc = by_kind("Service", "admission-census")
     assert svc["spec"]["selector"].items() <= tmpl["metadata"]["labels"].items()
     assert svc["spec"]["ports"][0]["port"] == 9464 and svc["metadata"]["annotations"] == scrape
+
+
+#: The fields of a PodMonitor (monitoring.coreos.com/v1) this project's file may use: the CRD is
+#: not bundled with kubernetes-validate, so a misspelt field is caught here instead.
+POD_MONITOR_SPEC = {"selector", "namespaceSelector", "podMetricsEndpoints", "jobLabel", "podTargetLabels",
+                    "sampleLimit", "targetLimit"}
+POD_MONITOR_ENDPOINT = {"port", "portNumber", "path", "scheme", "interval", "scrapeTimeout", "honorLabels",
+                        "honorTimestamps", "relabelings", "metricRelabelings", "params", "enableHttp2"}
+
+
+def test_worker_metrics_port_and_its_pod_monitor():
+    """The worker serves its pod gauges on a named port (the example workers' --metrics-port),
+    annotated for annotation-based scrapes; deploy/k8s/monitoring/pod-monitor.yaml (the Operator's
+    PodMonitor, a CRD) selects those pods and scrapes that port, their own labels kept."""
+    tmpl = by_kind("Deployment", "agent-worker")["spec"]["template"]
+    worker = next(c for c in tmpl["spec"]["containers"] if c["name"] == "worker")
+    (port,) = [p for p in worker["ports"] if p["name"] == "metrics"]
+    assert worker["args"][worker["args"].index("--metrics-port") + 1] == str(port["containerPort"])
+    assert tmpl["metadata"]["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/path": "/metrics",
+                                               "prometheus.io/port": str(port["containerPort"])}
+    pytest.importorskip("openai")  # the examples' own dependency
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import worker_async
+        import worker_sync
+    finally:
+        sys.path.pop(0)
+    for example in (worker_sync, worker_async):  # the flag parses with the examples' own parsers
+        assert example.arguments(worker["args"]).metrics_port == port["containerPort"]
+    (monitor,) = docs(K8S / "monitoring" / "pod-monitor.yaml")
+    assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
+    assert set(monitor["metadata"]) <= {"name", "namespace", "labels", "annotations"}
+    spec = monitor["spec"]
+    assert set(spec) <= POD_MONITOR_SPEC, set(spec) - POD_MONITOR_SPEC
+    assert spec["selector"]["matchLabels"].items() <= tmpl["metadata"]["labels"].items()
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert set(endpoint) <= POD_MONITOR_ENDPOINT, set(endpoint) - POD_MONITOR_ENDPOINT
+    assert endpoint["port"] == port["name"] and endpoint["path"] == "/metrics"
+    assert endpoint["honorLabels"] is True  # the pod's own `pod` label, not the Operator's
+    assert re.fullmatch(r"\d+[sm]", endpoint["interval"])
 
 
 def test_midnight_cronjob_and_the_policy_job():

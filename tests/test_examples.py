@@ -6,7 +6,8 @@ on every pool) and the successes are counted; the provider never saw more rounds
 the admission allowed (the policy's ``max_estimate``, set below the provider's hidden capacity,
 so there is no 429 at all); a SIGTERM in the middle of a run exits 0 with no seat or waiter
 left and no item lost (the items given back run on the next start); and a SIGTERM while every
-round waits for a seat exits 0 too, each worker the way its docstring says.
+round waits for a seat exits 0 too, each worker the way its docstring says (and its
+``--metrics-port`` page shows its waiters and no seat).
 
 One engine only (the first real one): the examples are clients of the library, whose engines
 the rest of the suite covers.
@@ -26,6 +27,7 @@ import redis
 
 from admission import Admission
 from admission.tools.fake_provider import FakeProviderServer
+from admission.tools.servers import free_port
 from conftest import REAL
 from helpers import policy, pool_row
 
@@ -86,6 +88,18 @@ def _no_seat_left(m: dict) -> dict:
     row = pool_row(m["adm"].ops.census(), POOL)
     assert row["running"] == 0 and row["waiting"] == 0, row
     return row
+
+
+def _pod_gauges(port: int) -> dict[str, float]:
+    """The worker's own /metrics (``--metrics-port``): its pod gauges by name."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.labels.get("pod") == "worker-1" and s.labels.get("mesh") == MESH}
 
 
 def _provider(m: dict) -> dict:
@@ -153,12 +167,17 @@ def test_sigterm_while_every_round_waits_for_a_seat(mesh, example):
     adm, client = mesh["adm"], mesh["redis"]
     held = [adm.try_admit(lane="bugfix", model=POOL, round_id=f"hold-{i}") for i in (1, 2)]
     assert all(d.admitted for d in held)
-    proc = _start(example, mesh, "--max-tokens", "1000", "--grace", "1")
+    port = free_port()
+    proc = _start(example, mesh, "--max-tokens", "1000", "--grace", "1", "--metrics-port", str(port))
     deadline = time.monotonic() + 20
     while pool_row(adm.ops.census(), POOL)["waiting"] < 2:
         assert proc.poll() is None and time.monotonic() < deadline, "the worker never asked"
         adm.heartbeat()  # the held seats' leases
         time.sleep(0.05)
+    # --metrics-port: the worker's own gauges say the same from its side (its book)
+    gauges = _pod_gauges(port)
+    assert gauges["admission_pod_rounds_held"] == 0 and gauges["admission_pod_rounds_waiting"] >= 2, gauges
+    assert gauges["admission_pod_pending_records"] == 0, gauges
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     out = _finish(proc)

@@ -30,7 +30,8 @@ and stops every process and thread it started (pods, provider, server).
 Also here, for the CLI and docker-compose:
 
 * ``pod_main(url, mesh, pod, seconds, provider_url=...)`` -- one pod of workers; ``pod_cli(argv)``
-  is ``admission demo-pod --url ... --mesh ... --pod ... [--provider-url URL]``. **Without
+  is ``admission demo-pod --url ... --mesh ... --pod ... [--provider-url URL] [--metrics-port PORT]``
+  (``--metrics-port``: the pod's own gauges on ``/metrics``, ``admission.pod_metrics``). **Without
   ``--provider-url`` the pod starts a fake provider of its own, in-process** (and says so on
   stderr): docker-compose runs its pods that way, so each compose pod meets a provider of its own
   instead of one shared capacity; point them all at one ``admission fake-provider`` with
@@ -307,14 +308,15 @@ def _set_capacity(provider_url: str, capacity: int) -> None:
 def pod_main(url: str, mesh: str, pod: str, seconds: float | None, *, provider_url: str | None = None,
              capacity: int | None = None, scale: float = DEFAULT_SCALE, pods: int = DEFAULT_PODS,
              stop: threading.Event | None = None, seed: int | None = None,
-             handle_signals: bool = True) -> dict[str, int]:
+             handle_signals: bool = True, metrics_port: int | None = None) -> dict[str, int]:
     """Run one pod of demo workers against ``url`` for ``seconds`` (None: until SIGTERM/SIGINT).
 
     Applies the demo policy if the mesh has none. The rounds call the fake provider at
     ``provider_url`` (None: one started here, in-process, of ``capacity`` and ``scale``; see
     the module's docstring); ``capacity`` with a ``provider_url`` sets that provider's hidden
-    capacity. Returns this pod's rounds done per lane plus ``gave_up`` (rounds the provider kept
-    refusing) and ``errors``.
+    capacity. ``metrics_port``: serve the pod's gauges (``admission.pod_metrics``) on
+    ``0.0.0.0:PORT/metrics`` while it runs. Returns this pod's rounds done per lane plus
+    ``gave_up`` (rounds the provider kept refusing) and ``errors``.
     """
     stop = stop or threading.Event()
     old_handlers: dict[int, Any] = {}
@@ -331,7 +333,7 @@ def pod_main(url: str, mesh: str, pod: str, seconds: float | None, *, provider_u
                   "pods)", file=sys.stderr, flush=True)
         elif capacity is not None:
             _set_capacity(provider_url, capacity)
-        return _run_pod(url, mesh, pod, seconds, provider_url, pods, stop, seed)
+        return _run_pod(url, mesh, pod, seconds, provider_url, pods, stop, seed, metrics_port)
     finally:
         if own is not None:
             own.stop()
@@ -340,15 +342,29 @@ def pod_main(url: str, mesh: str, pod: str, seconds: float | None, *, provider_u
 
 
 def _run_pod(url: str, mesh: str, pod: str, seconds: float | None, provider_url: str, pods: int,
-             stop: threading.Event, seed: int | None) -> dict[str, int]:
+             stop: threading.Event, seed: int | None, metrics_port: int | None = None) -> dict[str, int]:
+    rng = random.Random(seed if seed is not None else f"{mesh}/{pod}")
+    plain = redis.Redis.from_url(url, decode_responses=True, **fail_fast_options(1.0, 5.0))
+    adm = Admission.from_url(url, mesh=mesh, pod=pod, seed=rng.randrange(2**32))
+    metrics = None
+    if metrics_port is not None:
+        from ..pod_metrics import start_metrics_server
+
+        metrics = start_metrics_server(adm, metrics_port)
+    try:
+        return _run_workers(adm, plain, rng, url, mesh, pod, seconds, provider_url, pods, stop)
+    finally:
+        if metrics is not None:
+            metrics.stop()
+
+
+def _run_workers(adm: Admission, plain: redis.Redis, rng: random.Random, url: str, mesh: str, pod: str,
+                 seconds: float | None, provider_url: str, pods: int, stop: threading.Event) -> dict[str, int]:
     import httpx
     import openai
 
     from ..integrations.openai import wrap
 
-    rng = random.Random(seed if seed is not None else f"{mesh}/{pod}")
-    plain = redis.Redis.from_url(url, decode_responses=True, **fail_fast_options(1.0, 5.0))
-    adm = Admission.from_url(url, mesh=mesh, pod=pod, seed=rng.randrange(2**32))
     ensure_policy(adm)
     adm.tunables()  # the scaled-down clock from the first wait on
     cap = provider_capacity(wait_for_provider(provider_url, stop))
@@ -991,19 +1007,27 @@ def pod_parser() -> argparse.ArgumentParser:
                    help="the in-process provider's simulated seconds per real second (default %(default)g)")
     p.add_argument("--pods", type=int, default=DEFAULT_PODS,
                    help="pods sharing the provider: sizes this pod's bugfix backlog (default %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve this pod's gauges (pending ledger records, seats held, waiters) on "
+                        "0.0.0.0:PORT/metrics (default: off; needs the serve extra)")
     p.add_argument("--verbose", action="store_true", help="info logs (default: warnings)")
     return p
 
 
 def pod_cli(argv: Sequence[str] | None = None) -> int:
     """``admission demo-pod ...``: one demo pod until SIGTERM (compose)."""
+    from ..serve.metrics import MissingExtra
+
     args = pod_parser().parse_args(argv)
     old = structlog.get_config()
     configure_logs(logging.INFO if args.verbose else logging.WARNING)
     try:
         done = pod_main(args.url, args.mesh, args.pod, args.seconds, provider_url=args.provider_url,
-                        capacity=args.capacity, scale=args.scale, pods=args.pods)
+                        capacity=args.capacity, scale=args.scale, pods=args.pods, metrics_port=args.metrics_port)
     except ImportError as exc:  # the openai SDK is an optional dependency
+        print(f"admission demo-pod: {exc}", file=sys.stderr)
+        return 2
+    except MissingExtra as exc:  # --metrics-port without prometheus_client
         print(f"admission demo-pod: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:  # no provider answers
