@@ -721,6 +721,27 @@ MUTATIONS += [
 ]
 
 
+# traffic from outside the mesh, learned as a drain on the refill (lua/include/readings.lua)
+MUTATIONS += [
+    ("outside: the bucket refills at its rate less the drain", "include/ceilings.lua",
+     "if drain > 0 then rate, b.drain[l] = rate - drain, drain end", "", "test_rules_ceilings_outside.py",
+     "drain_on_the_refill"),
+    ("outside: the estimate takes half of a window's error", "include/readings.lua",
+     "(tonumber(h['net:' .. l]) or 0) + NET_GAIN * err", "(tonumber(h['net:' .. l]) or 0) + err",
+     "test_rules_ceilings_outside.py", "drain_on_the_refill or follows"),
+    ("outside: a window of at least five seconds", "include/readings.lua",
+     "local close = not restart and dt >= NET_MIN_DT", "local close = not restart",
+     "test_rules_ceilings_outside.py", "shorter_than_five"),
+    ("outside: a drain not refreshed lapses", "include/ceilings.lua",
+     "local net_on = net_at ~= nil and now - net_at <= NET_WINDOW", "local net_on = net_at ~= nil",
+     "test_rules_ceilings_outside.py", "lapses"),
+    ("outside: a bucket keeps a tenth of its rate", "include/readings.lua",
+     "(1 - MIN_NET) * b.gross[l]", "b.gross[l]", "test_rules_ceilings_outside.py", "tenth"),
+    ("outside: a shortfall of ours lowers the estimate", "include/readings.lua",
+     "(low + math.min(gap, 0)) / dt", "low / dt", "test_rules_ceilings_outside.py", "follows"),
+]
+
+
 # moving between pools (tests/test_rules_moves.py, tests/test_alternatives.py)
 MUTATIONS += [
     ("fallback to an alternative", "admit.lua", "if allowed[c] and not seen[c] then", "if false then",

@@ -73,7 +73,7 @@ local function limits_of(b, now)
       local hold = b.hold[l] or 0
       rows[#rows + 1] = {limit = l, configured = conf, learned = learned, effective = eff * c.headroom,
         level = b.level[l], capacity = b.cap[l], refillPerSecond = b.rate[l],
-        heldUntil = hold > now and hold or nil}
+        outsidePerSecond = b.drain[l], heldUntil = hold > now and hold or nil}
     end
   end
   return rows

@@ -14,6 +14,11 @@
 --     learned:<limit>   the provider's own limit, from its rate-limit headers (readings.lua)
 --     readAt            the time of the newest reading learned from (an older one, replayed
 --                       from an outbox, learns no limit)
+--     net:<limit> netAt low:<limit>
+--                       the traffic on the same key from outside the mesh, learned from the fresh
+--                       readings (readings.lua): per second, per per-minute limit, as of the
+--                       window that began at netAt; a bucket refills at its rate less that
+--                       (at least MIN_NET of it) while netAt is within NET_WINDOW
 --     meanIn meanOut n  the learned tokens per call (what the provider counted, input as its
 --                       itpm counts it, output as output_charge counts it): an undeclared
 --                       round reserves them; none learned yet, it reserves no tokens
@@ -44,6 +49,10 @@ local DAILY = {rpd = true, tpd = true}
 local REQUESTS = {rpm = true, rpd = true}
 local EPS = 1e-9 -- float dust: a bucket exactly full enough covers its round
 local MEAN_WEIGHT = 0.1 -- the learned mean's weight of one new call, once it has ten
+-- a learned outside drain applies while its window is this recent (s): with no readings coming
+-- (no traffic of ours), the bucket goes back to its whole rate
+local NET_WINDOW = 60
+local MIN_NET = 0.1 -- the least share of its rate a bucket refills at, whatever drain was learned
 -- the refusal of each limit (admit's reason; admission/codes.py CEILING_REASONS)
 local REASON = {rpm = 'ceiling-rpm', tpm = 'ceiling-tpm', itpm = 'ceiling-itpm', otpm = 'ceiling-otpm',
   rpd = 'ceiling-rpd', tpd = 'ceiling-tpd'}
@@ -82,8 +91,10 @@ local function load_scope(cfg, name, now)
   local c = cfg.ceilings[name] or learned_config(h)
   local day = math.floor(now / 86400)
   local at = tonumber(h.at) or now
+  local net_at = tonumber(h.netAt)
+  local net_on = net_at ~= nil and now - net_at <= NET_WINDOW
   local b = {name = name, c = c, now = now, day = day, level = {}, rate = {}, cap = {}, hold = {},
-    configured = {}, learned = {}, limit = {}, readAt = tonumber(h.readAt),
+    gross = {}, drain = {}, netAt = net_at, configured = {}, learned = {}, limit = {}, readAt = tonumber(h.readAt),
     meanIn = tonumber(h.meanIn), meanOut = tonumber(h.meanOut), n = tonumber(h.n) or 0,
     closedUntil = tonumber(h.closedUntil) or 0, why = h.why or '', h = h, extra = {}}
   local any = false
@@ -93,6 +104,11 @@ local function load_scope(cfg, name, now)
     if value then
       any = true
       local rate, cap = shape(c, l, value)
+      b.gross[l] = rate
+      if net_on and not DAILY[l] then -- the outside traffic takes its share of the refill
+        local drain = math.min(tonumber(h['net:' .. l]) or 0, (1 - MIN_NET) * rate)
+        if drain > 0 then rate, b.drain[l] = rate - drain, drain end
+      end
       local level, hold = tonumber(h[l]), tonumber(h['hold:' .. l]) or 0
       if level == nil or (DAILY[l] and tonumber(h.day) ~= day) then level = cap -- new, or a new UTC day
       elseif not DAILY[l] then
@@ -263,6 +279,8 @@ end
 
 return {
   LIMITS = LIMITS,
+  DAILY = DAILY,
+  MIN_NET = MIN_NET,
   REASON = REASON,
   shape = shape,
   in_force = in_force,

@@ -9,6 +9,13 @@
 -- `remaining` at `at`; the rounds this mesh admitted since are debited from our level but not
 -- from that count, and the refill since `at` is not credited either: within FRESH_S the two
 -- offset each other up to the refill rate, and the next reading corrects the rest.
+-- The traffic from outside the mesh (another client on the same key) drains the provider's
+-- bucket between readings while ours refills at its whole rate; each fresh reading lowers ours
+-- by that gap. Over a window of at least NET_MIN_DT (netAt: its start) the gaps lowered
+-- (low:<limit>), less a shortfall of ours at its end, over the window's length are what the
+-- drain estimate (net:<limit>, per second) missed: it moves by NET_GAIN of that, within [0,
+-- (1 - MIN_NET) x rate], and the bucket refills at its rate less the drain (ceilings.lua), so
+-- the next admits already leave the outside traffic its share instead of meeting its 429s.
 -- A reading's retry-after (ra) and spent ceiling (sp) are checked but not used here: the
 -- release's ARGV[9] and its `ceiling` outcome carry them.
 --- @include "codes"
@@ -17,8 +24,12 @@
 local ERR = Codes.ERR
 local fail, fmt, key = Util.fail, Util.fmt, Util.key
 local LIMITS, load_scope, save_levels = Ceilings.LIMITS, Ceilings.load_scope, Ceilings.save_levels
+local DAILY, MIN_NET = Ceilings.DAILY, Ceilings.MIN_NET
 
 local FRESH_S = 2
+local NET_MIN_DT = 5 -- a drain is measured over at least this many seconds (one gap is noise)
+local NET_WINDOW = 60 -- a window longer than this (no fresh reading) restarts, measuring nothing
+local NET_GAIN = 0.5 -- the share of a window's error the drain estimate takes
 local MAX_TEXT = 1000
 local MAX_LIMIT = 1e12
 local MAX_RESET = 2 * 86400
@@ -67,6 +78,11 @@ local function parse_reading(s)
   return r
 end
 
+local function push(args, field, value)
+  args[#args + 1] = field
+  args[#args + 1] = value
+end
+
 -- Learn the reading `r` into `scope` (a pool's configured scope, else the pool's own: created
 -- here): the provider's limits (a limit of 0 says nothing), then, fresh, the remainings.
 local function learn(cfg, scope, r, now)
@@ -87,14 +103,31 @@ local function learn(cfg, scope, r, now)
   if math.abs(now - r.at) >= FRESH_S then return end
   local b = load_scope(cfg, scope, now)
   if not b then return end
+  local h, extra = b.h, b.extra
+  local net_at = b.netAt
+  local dt = net_at and now - net_at
+  local restart = not dt or dt < 0 or dt > NET_WINDOW -- a new window: nothing measured yet
+  local close = not restart and dt >= NET_MIN_DT      -- the window ends here: the drain moves
   local lowered = false
   for l, x in pairs(r.limits) do
     if x.remaining and b.level[l] then
       local left = math.max(0, x.remaining - x.rounding)
-      if left < b.level[l] then b.level[l], lowered = left, true end
+      local gap = b.level[l] - left
+      if gap > 0 then b.level[l], lowered = left, true end
+      if not DAILY[l] then
+        local low = (not restart and tonumber(h['low:' .. l]) or 0) + math.max(gap, 0)
+        if close then
+          local err = (low + math.min(gap, 0)) / dt
+          local d = math.max(0, math.min((tonumber(h['net:' .. l]) or 0) + NET_GAIN * err, (1 - MIN_NET) * b.gross[l]))
+          push(extra, 'net:' .. l, fmt(d))
+          low = 0
+        end
+        push(extra, 'low:' .. l, fmt(restart and 0 or low))
+      end
     end
   end
-  if lowered then save_levels(b) end
+  if restart or close then push(extra, 'netAt', fmt(now)) end
+  if lowered or #extra > 0 then save_levels(b) end
 end
 
 return {

@@ -9,9 +9,10 @@ How each contender calls (the same OpenAI SDK client, no SDK retries):
   sets ``handle.usage`` from the answer's usage (uncached input, cache reads, output), so the
   ceilings reserve and reconcile what the provider counts; with ``ceilings`` and ``headers`` a 429
   that names a spent ceiling sets ``handle.ceiling``/``reset_s`` (``admission.ratelimits``), so it
-  is no load signal; with ``headers`` every response's rate-limit headers (success or 429) go
-  with the round's end (``handle.rate_reading``), as the integrations send them, after the
-  harness has scaled their limits to the run's clock (``scaled_limits``). A 429 ends the round
+  is no load signal, and every response's rate-limit headers (success or 429) go with the
+  round's end (``handle.rate_reading``), as the integrations send them, after the harness has
+  scaled their limits to the run's clock (``scaled_limits``): ``ceilings`` has the key's limits
+  configured and learns the rest (the outside traffic), ``headers`` learns everything. A 429 ends the round
   (``rate_limited``, or ``ceiling``) with its retry-after and the call asks again through the
   admission (no backoff);
 * ``litellm``: ``litellm.Router`` with ``routing_strategy="usage-based-routing-v2"``, the key's
@@ -114,7 +115,7 @@ class _Caller:
         self.rng = random.Random(f"{job['seed']}-{self.mode}-{pod}")  # the backoff's draws
         self.adm = self.router = None
         self.last = threading.local()  # each worker thread's last response headers (``headers``)
-        hooks = {"response": [self._seen]} if self.mode == "headers" else {}
+        hooks = {"response": [self._seen]} if self.mode in ("ceilings", "headers") else {}
         self.sdk = openai.OpenAI(base_url=job["provider_url"] + "/v1", api_key="bench", max_retries=0,
                                  timeout=600.0, http_client=openai.DefaultHttpxClient(
                                      limits=httpx.Limits(max_connections=threads + 8,
@@ -171,11 +172,11 @@ class _Caller:
                         except Exception as exc:
                             if self.mode != "admission":
                                 _name_the_ceiling(r, exc)
-                            if self.mode == "headers":
+                            if self.mode != "admission":
                                 r.rate_reading = self._reading(exc)
                             raise
                         r.usage = _usage(resp)
-                        if self.mode == "headers":
+                        if self.mode != "admission":
                             r.rate_reading = self._reading()
                 elif self.router is not None:
                     self.router.completion(model=MODEL, messages=messages, max_tokens=MAX_TOKENS)
