@@ -213,7 +213,7 @@ def test_metrics_show_each_scope(redis_client):
     ask = Ask(a)
     d = ask(T0, input_tokens=1000, max_tokens=500)
     ask(T0, input_tokens=1000, max_tokens=500)                          # refused on rpm
-    redis_client.hset("adm:{t}:ceil:key", mapping={"learned:tpm": 4000})
+    redis_client.hset("adm:{t}:ceil:key", mapping={"learned:tpm": 4000, "net:tpm": 10, "netAt": T0})
     with serving(redis_client) as (base, _srv):
         found = samples(get(base + "/metrics")[2])
         doc = json.loads(get(base + "/census.json")[2])
@@ -225,6 +225,8 @@ def test_metrics_show_each_scope(redis_client):
         assert value(found, "admission_ceiling_level", limit="tpm", **s) == limit(c, "tpm")["level"]
         assert value(found, "admission_ceiling_capacity", limit="rpm", **s) == 1
         assert value(found, "admission_ceiling_held", limit="rpm", **s) == 0
+        assert value(found, "admission_ceiling_outside_per_second", limit="tpm", **s) == 10   # learned drain
+        assert value(found, "admission_ceiling_outside_per_second", limit="rpm", **s) == 0
         assert value(found, "admission_ceiling_reserved", unit="requests", **s) == 1
         assert value(found, "admission_ceiling_reserved", unit="tokens", **s) == 1500
         assert value(found, "admission_ceiling_used_last_minute", unit="tokens", **s) == \

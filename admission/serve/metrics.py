@@ -93,6 +93,7 @@ GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
     "admission_ceiling_limit": (("mesh", "scope", "limit", "source"), "A rate ceiling per minute or per day: configured, learned from the provider's headers, or effective (min of both x headroom)."),
     "admission_ceiling_level": (CEIL, "Requests or tokens left in the ceiling's bucket now (below 0: a debt that refills)."),
     "admission_ceiling_capacity": (CEIL, "Most the ceiling's bucket holds."),
+    "admission_ceiling_outside_per_second": (CEIL, "Requests or tokens a second the fresh readings say a client outside the mesh takes from the ceiling (0: none learned)."),
     "admission_ceiling_held": (CEIL, "1 while the provider's 429 holds the ceiling's bucket empty until its reset, else 0."),
     "admission_ceiling_reserved": (("mesh", "scope", "unit"), "Requests and tokens reserved by the scope's rounds in flight."),
     "admission_ceiling_used_last_minute": (("mesh", "scope", "unit"), "Requests and tokens the scope's buckets were debited over the last minute."),
@@ -220,6 +221,8 @@ def _ceilings(mesh: str, doc: dict[str, Any], g: dict[str, Any], refusals: Any) 
                 g["admission_ceiling_level"].add_metric([mesh, scope, name], _num(lim["level"]))
                 g["admission_ceiling_capacity"].add_metric([mesh, scope, name], _num(lim.get("capacity")))
                 g["admission_ceiling_held"].add_metric([mesh, scope, name], 1.0 if lim.get("heldUntil") else 0.0)
+                g["admission_ceiling_outside_per_second"].add_metric([mesh, scope, name],
+                                                                    _num(lim.get("outsidePerSecond") or 0))
         used = c.get("usedLastMinute") or {}
         for unit, reserved, last in (("requests", c.get("reservedRequests"), used.get("requests")),
                                      ("tokens", c.get("reservedTokens"), used.get("tokens"))):
