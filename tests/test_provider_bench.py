@@ -185,3 +185,21 @@ def test_the_ceilings_case_learns_from_headers_scaled_to_its_clock():
     assert "ceilings" not in provider_bench.ceilings_settings.admission_policy(
         provider_bench.ceilings_settings.KEYS["openai"], s, "headers")  # it declares none: it learns them
     assert provider_bench.main(["--case", "ceilings", "--minutes", "2"]) == 2  # the window starts at minute 2
+
+
+def test_a_lowered_key_is_counted_against_its_new_limits(capsys):
+    """The ``lowered`` key: the provider lowers its TPM at minute 5 of the run; each minute's
+    share is of the limit in force then, and the row says what came after the change."""
+    from admission.tools.provider_bench.ceilings_case import _used_pct
+    from admission.tools.provider_bench.ceilings_settings import KEYS, effective_limits
+
+    key = KEYS["lowered"]
+    assert effective_limits(key, 4)["tpm"] == 100_000 and effective_limits(key, 5)["tpm"] == 50_000
+    counted = {"used": {"tpm": {"per_minute": [0, 0, 0, 0, 0, 0, 0, 100_000, 50_000, 25_000]}, "rpm": {}}}
+    assert _used_pct(counted, key, 3, range(4, 7))["tpm"] == round(100 * 175_000 / 200_000, 1)
+    args = ["--provider", "--case", "ceilings", "--key", "lowered", "--contender", "headers", "--pods", "2",
+            "--workers", "3", "--minutes", "7", "--scale", "60", "--engine", str(ENGINE), "--no-progress", "--json"]
+    assert bench.main(args) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert set(row["after_change_429_by"]) >= {"rpm", "tpm"} and set(row["after_change_used_pct"]) == {"rpm", "tpm"}
+    assert sum(row["after_change_429_by"].values()) <= row["provider_429"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from typing import Any
 
@@ -83,19 +84,31 @@ def _on_a_minute(provider: Any, scale: float) -> int:
     return minute
 
 
-def _row(contender: str, key: Key, s: CeilingSettings, stats: dict[str, Any], m0: int,
-         reports: list[dict[str, Any]]) -> dict[str, Any]:
-    c = stats["ceilings"]
-    window = range(m0 + WARMUP_MINUTES, m0 + math.floor(s.minutes))
-    used_pct: dict[str, float | None] = {}
-    for kind, eff in effective_limits(key).items():
+def _used_pct(c: dict[str, Any], key: Key, m0: int, window: range) -> dict[str, float | None]:
+    """Per per-minute limit, the share the provider counted of what the mesh could have in the
+    run's minutes ``window`` (offsets from the run's first minute ``m0``)."""
+    used: dict[str, float | None] = {}
+    for kind in effective_limits(key):
         minutes = c["used"].get(kind, {}).get("per_minute", [])
-        counted = sum(minutes[m] for m in window if m < len(minutes))
-        used_pct[kind] = round(100.0 * counted / (eff * len(window)), 1) if len(window) and eff > 0 else None
+        counted = sum(minutes[m0 + m] for m in window if m0 + m < len(minutes))
+        could = sum(effective_limits(key, m)[kind] for m in window)
+        used[kind] = round(100.0 * counted / could, 1) if len(window) and could > 0 else None
+    return used
+
+
+def _row(contender: str, key: Key, s: CeilingSettings, stats: dict[str, Any], m0: int,
+         reports: list[dict[str, Any]], at_change: dict[str, Any] | None = None) -> dict[str, Any]:
+    c = stats["ceilings"]
+    used_pct = _used_pct(c, key, m0, range(WARMUP_MINUTES, math.floor(s.minutes)))
     shares = {k: v for k, v in used_pct.items() if v is not None}
     binding = max(shares, key=shares.get) if shares else None
     total = stats["total"]
-    return {"key": key.name, "contender": contender, "label": LABELS[contender],
+    extra: dict[str, Any] = {}
+    if at_change is not None:  # a lowered key: what came after the provider lowered its limits
+        before = at_change["ceilings"]["429"]
+        extra = {"after_change_429_by": {k: int(v) - int(before.get(k, 0)) for k, v in c["429"].items()},
+                 "after_change_used_pct": _used_pct(c, key, m0, range(key.lower_minute + 1, math.floor(s.minutes)))}
+    return {**extra, "key": key.name, "contender": contender, "label": LABELS[contender],
             "provider_429": int(total.get("429", 0)),
             "provider_429_by": {k: int(v) for k, v in c["429"].items()},
             "used_pct": used_pct, "binding": binding,
@@ -127,11 +140,21 @@ def run(s: CeilingSettings, progress: bool = False) -> dict[str, Any]:
                         rpm_burst_s=key.rpm_burst_s, cache_read_share=key.cache_read_share)
                     url = provider.start()
                     start: list[int] = []
+                    at_change: list[dict[str, Any]] = []
+
+                    def lower() -> None:  # the provider lowers the key's limits, and says so only in its headers
+                        at_change.append(provider.stats())
+                        provider.configure(ceilings=dict(key.lowered))
 
                     def at_start() -> None:
                         start.append(_on_a_minute(provider, s.scale))
                         if contender == "ceilings":
                             _one_provider_minute(key, server.url)
+                        if key.lowered:
+                            timer = threading.Timer(key.lower_minute * C.MINUTE / s.scale, lower)
+                            timer.daemon = True
+                            timer.start()
+                            timers.append(timer)
 
                     if progress:
                         print(f"ceilings case: {name} / {LABELS[contender]} ({s.real_s:.0f} s) ...",
@@ -139,12 +162,18 @@ def run(s: CeilingSettings, progress: bool = False) -> dict[str, Any]:
                     job = {"contender": contender, "provider_url": url, "redis_url": server.url,
                            "scale": s.scale, "seed": s.seed, "workers": s.workers, "real_s": s.real_s,
                            "limits": {k: v * s.scale for k, v in key.limits.items()}}  # per real minute
+                    timers: list[threading.Timer] = []
                     try:
                         reports = pods.run(job, at_start)
                         stats = provider.stats()
                     finally:
+                        for timer in timers:
+                            timer.cancel()
                         provider.stop()
-                    rows.append(_row(contender, key, s, stats, start[0], reports))
+                    if key.lowered and not at_change:
+                        raise RuntimeError(f"ceilings case: the run ended before minute {key.lower_minute}, "
+                                           "when the provider lowers the key's limits")
+                    rows.append(_row(contender, key, s, stats, start[0], reports, at_change[0] if at_change else None))
         finally:
             pods.close()
     return {"case": "ceilings", "settings": dataclasses.asdict(s),
@@ -166,6 +195,12 @@ def render(result: dict[str, Any], markdown: bool = False) -> str:
             f"{s['minutes']:g} provider minutes per contender at scale {s['scale']:g}, seed {s['seed']}, {s['engine']}")
     lines = table(COLUMNS, rows, markdown, right=(2, 6))
     keys = [f"{n}: {about}" for n, about in result["keys"].items()]
+    for r in result["rows"]:
+        if "after_change_429_by" in r:
+            keys.append(f"{r['key']} / {r['label']}: after the change, 429s "
+                        + (", ".join(f"{k} {v:,}" for k, v in r["after_change_429_by"].items()) or "none")
+                        + "; used of the new limits: "
+                        + ", ".join(f"{k} {v:g} %" for k, v in r["after_change_used_pct"].items() if v is not None))
     return "\n".join([f"**{head}**" if markdown else head, ""] + lines + ["", *(("- " if markdown else "") + k
                                                                           for k in keys),
                       f"{'- ' if markdown else ''}used %: what the mesh's requests counted of each per-minute "

@@ -20,6 +20,10 @@ class Key:
     outside: dict[str, float] = field(default_factory=dict)  # per provider minute, from outside the mesh
     cache_read_share: float = 0.0
     rpm_burst_s: float = 1.0  # "60 RPM may be enforced as 1 request per second"
+    # the provider lowers these limits at the start of this provider minute of the run (Azure
+    # lowering a deployment's quota); nothing tells the admission but the next response's headers
+    lowered: dict[str, float] = field(default_factory=dict)
+    lower_minute: int = 0
 
 
 KEYS = {
@@ -28,6 +32,8 @@ KEYS = {
                      {"rpm": 50.0, "itpm": 30_000.0, "otpm": 8_000.0}, style="anthropic", cache_read_share=0.7),
     "outside": Key("outside", "60 RPM, 100k TPM, 30 % spent from outside the mesh",
                    {"rpm": 60.0, "tpm": 100_000.0}, outside={"tpm": 30_000.0}),
+    "lowered": Key("lowered", "60 RPM, 100k TPM, lowered to 50k TPM at minute 5 (as Azure lowers a deployment)",
+                   {"rpm": 60.0, "tpm": 100_000.0}, lowered={"tpm": 50_000.0}, lower_minute=5),
 }
 #: the contenders, in their order in the table; "headers": the admission learning the ceilings from
 #: the providers' headers alone (its policy declares none)
@@ -81,10 +87,14 @@ def admission_policy(key: Key, s: CeilingSettings, contender: str) -> dict[str, 
     return pol
 
 
-def effective_limits(key: Key) -> dict[str, float]:
-    """Per per-minute limit: what the mesh can have of it (the limit less the outside traffic)."""
+def effective_limits(key: Key, minute: int | None = None) -> dict[str, float]:
+    """Per per-minute limit: what the mesh can have of it (the limit less the outside traffic),
+    in the run's ``minute`` (a lowered key's limits from its ``lower_minute`` on)."""
     out = {}
-    for kind, limit in key.limits.items():
+    limits = dict(key.limits)
+    if key.lowered and minute is not None and minute >= key.lower_minute:
+        limits.update(key.lowered)
+    for kind, limit in limits.items():
         if kind in C.MINUTE_KINDS:
             drain = sum(rate for what, rate in key.outside.items() if kind in C.OUTSIDE_DRAINS[what])
             out[kind] = limit - drain
