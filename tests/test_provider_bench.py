@@ -8,6 +8,7 @@ saw 24-29 and (b) 1-7 (the assertion is b <= a / 2).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -203,3 +204,26 @@ def test_a_lowered_key_is_counted_against_its_new_limits(capsys):
     row = json.loads(capsys.readouterr().out)["rows"][0]
     assert set(row["after_change_429_by"]) >= {"rpm", "tpm"} and set(row["after_change_used_pct"]) == {"rpm", "tpm"}
     assert sum(row["after_change_429_by"].values()) <= row["provider_429"]
+
+
+def test_the_daily_key_keeps_its_cap_unscaled_and_offers_an_alternative():
+    """The ``daily`` key: 1,000 requests a day is the admission's own daily bucket (Redis' UTC day:
+    never scaled), at headroom 1 so that every request of the day is used, and the lane may move
+    to an alternative pool on a scope of its own once the day is spent."""
+    from admission import policy as policy_mod
+    from admission.tools.provider_bench.ceilings_settings import ALT_POOL, KEYS, CeilingSettings, admission_policy
+    from admission.tools.provider_bench.settings import POOL
+
+    s = CeilingSettings(scale=10.0)
+    pol = admission_policy(KEYS["daily"], s, "ceilings")
+    assert pol["ceilings"]["key"] == {"rpd": 1_000.0, "headroom": 1.0}
+    assert pol["ceilings"]["alt"] == pol["ceilings"]["key"] and pol["pools"][ALT_POOL]["ceilings"] == "alt"
+    assert pol["alternatives"] == {POOL: [ALT_POOL]}
+    policy_mod.validate(pol)
+    assert admission_policy(KEYS["openai"], s, "ceilings")["ceilings"]["key"]["tpm"] == 1_000_000   # per real minute
+    row = {"key": "daily", "label": "admission, ceilings configured", "provider_429": 0, "provider_429_by": {"rpd": 0},
+           "used_pct": {}, "binding": None, "binding_used_pct": None, "rounds": 1_896,
+           "completions_by_model": {"m": 1_000, "m-alt": 896}, "closed": "rpd"}
+    text = provider_bench.ceilings_case.render({"settings": dataclasses.asdict(s), "keys": {"daily": "x"},
+                                               "rows": [row], "elapsed_s": 1})
+    assert "1,000 calls on the key's model, then 896 on the alternative; the scope closed on rpd" in text

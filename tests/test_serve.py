@@ -293,8 +293,11 @@ def test_cli_serves_until_interrupted(server_url, sig):
     import sys
 
     port = free_port()
+    # a shell's background job (a CI runner's `pytest &`) starts with SIGINT ignored, which its
+    # children inherit: the server gets the default disposition, as a foreground command has
     proc = subprocess.Popen([sys.executable, "-c", CLI, "serve", "--url", server_url, "--mesh", "t", "--port",
-                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = proc.stdout.readline()
         assert line.startswith(f"admission serve: http://127.0.0.1:{port}/ (meshes t; redis "), line

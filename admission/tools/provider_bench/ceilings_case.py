@@ -35,9 +35,9 @@ from ..servers import LocalServer
 from ..sim import ceilings as C
 from ..tables import table
 from .ceilings_pods import CEILING_MESH, CeilingPods
-from .ceilings_settings import (KEYS, LABELS, MAX_TOKENS, SCOPE, WARMUP_MINUTES, CeilingSettings, Key,
+from .ceilings_settings import (ALT_MODEL, KEYS, LABELS, MAX_TOKENS, SCOPE, WARMUP_MINUTES, CeilingSettings, Key,
                                 admission_policy, effective_limits)
-from .settings import POOL
+from .settings import MODEL, POOL
 
 #: the fake provider's capacity K: far above any concurrency this workload reaches
 NO_CONCURRENCY_LIMIT = 10_000
@@ -76,6 +76,18 @@ def _one_provider_minute(key: Key, redis_url: str) -> None:
         r.close()
 
 
+def _closed(redis_url: str) -> str | None:
+    """Why the key's scope is closed at the run's end (a daily ceiling spent: rpd or tpd), or None."""
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    try:
+        until, why = r.hmget(mesh_key(CEILING_MESH, "ceil", SCOPE), "closedUntil", "why")
+    finally:
+        r.close()
+    return why.decode() if until and float(until) > time.time() and why else None
+
+
 def _on_a_minute(provider: Any, scale: float) -> int:
     """Sleep until the provider's next minute starts; its index."""
     sim = provider.provider.sim()
@@ -97,7 +109,8 @@ def _used_pct(c: dict[str, Any], key: Key, m0: int, window: range) -> dict[str, 
 
 
 def _row(contender: str, key: Key, s: CeilingSettings, stats: dict[str, Any], m0: int,
-         reports: list[dict[str, Any]], at_change: dict[str, Any] | None = None) -> dict[str, Any]:
+         reports: list[dict[str, Any]], at_change: dict[str, Any] | None = None,
+         closed: str | None = None) -> dict[str, Any]:
     c = stats["ceilings"]
     used_pct = _used_pct(c, key, m0, range(WARMUP_MINUTES, math.floor(s.minutes)))
     shares = {k: v for k, v in used_pct.items() if v is not None}
@@ -108,6 +121,10 @@ def _row(contender: str, key: Key, s: CeilingSettings, stats: dict[str, Any], m0
         before = at_change["ceilings"]["429"]
         extra = {"after_change_429_by": {k: int(v) - int(before.get(k, 0)) for k, v in c["429"].items()},
                  "after_change_used_pct": _used_pct(c, key, m0, range(key.lower_minute + 1, math.floor(s.minutes)))}
+    if key.alternative:  # where the rounds ran: the key's model until its day was spent, then the alternative
+        extra["completions_by_model"] = {m: int(stats["models"].get(m, {}).get("completions", 0))
+                                         for m in (MODEL, ALT_MODEL)}
+        extra["closed"] = closed
     return {**extra, "key": key.name, "contender": contender, "label": LABELS[contender],
             "provider_429": int(total.get("429", 0)),
             "provider_429_by": {k: int(v) for k, v in c["429"].items()},
@@ -160,6 +177,7 @@ def run(s: CeilingSettings, progress: bool = False) -> dict[str, Any]:
                         print(f"ceilings case: {name} / {LABELS[contender]} ({s.real_s:.0f} s) ...",
                               file=sys.stderr, flush=True)
                     job = {"contender": contender, "provider_url": url, "redis_url": server.url,
+                           "alternative": key.alternative,
                            "scale": s.scale, "seed": s.seed, "workers": s.workers, "real_s": s.real_s,
                            "limits": {k: v * s.scale for k, v in key.limits.items()}}  # per real minute
                     timers: list[threading.Timer] = []
@@ -170,10 +188,12 @@ def run(s: CeilingSettings, progress: bool = False) -> dict[str, Any]:
                         for timer in timers:
                             timer.cancel()
                         provider.stop()
+                    closed = _closed(server.url) if key.alternative else None
                     if key.lowered and not at_change:
                         raise RuntimeError(f"ceilings case: the run ended before minute {key.lower_minute}, "
                                            "when the provider lowers the key's limits")
-                    rows.append(_row(contender, key, s, stats, start[0], reports, at_change[0] if at_change else None))
+                    rows.append(_row(contender, key, s, stats, start[0], reports, at_change[0] if at_change else None,
+                                     closed))
         finally:
             pods.close()
     return {"case": "ceilings", "settings": dataclasses.asdict(s),
@@ -196,6 +216,10 @@ def render(result: dict[str, Any], markdown: bool = False) -> str:
     lines = table(COLUMNS, rows, markdown, right=(2, 6))
     keys = [f"{n}: {about}" for n, about in result["keys"].items()]
     for r in result["rows"]:
+        if "completions_by_model" in r:
+            by = r["completions_by_model"]
+            keys.append(f"{r['key']} / {r['label']}: {by[MODEL]:,} calls on the key's model, then {by[ALT_MODEL]:,} on "
+                        f"the alternative; the scope {'closed on ' + r['closed'] if r['closed'] else 'still open'}")
         if "after_change_429_by" in r:
             keys.append(f"{r['key']} / {r['label']}: after the change, 429s "
                         + (", ".join(f"{k} {v:,}" for k, v in r["after_change_429_by"].items()) or "none")

@@ -114,6 +114,8 @@ class _Caller:
         self.scale = job["scale"]
         self.rng = random.Random(f"{job['seed']}-{self.mode}-{pod}")  # the backoff's draws
         self.adm = self.router = None
+        # a key with an alternative pool: this caller can call either model (its round may move)
+        self.move_to = (lambda pool: True) if job.get("alternative") else None
         self.last = threading.local()  # each worker thread's last response headers (``headers``)
         hooks = {"response": [self._seen]} if self.mode in ("ceilings", "headers") else {}
         self.sdk = openai.OpenAI(base_url=job["provider_url"] + "/v1", api_key="bench", max_retries=0,
@@ -164,11 +166,12 @@ class _Caller:
                 if self.adm is not None:
                     with self.adm.round(lane=LANE, model=POOL, round_id=f"{rid}.{failures}",
                                         timeout=max(0.05, end - time.monotonic()),
-                                        input_tokens=prompt, max_tokens=MAX_TOKENS) as r:
+                                        input_tokens=prompt, max_tokens=MAX_TOKENS,
+                                        move_to=self.move_to) as r:
                         self.last.headers = None
                         try:
-                            resp = self.sdk.chat.completions.create(model=MODEL, messages=messages,
-                                                                    max_tokens=MAX_TOKENS)
+                            resp = self.sdk.chat.completions.create(model=r.pool.partition("@")[0],
+                                                                    messages=messages, max_tokens=MAX_TOKENS)
                         except Exception as exc:
                             if self.mode != "admission":
                                 _name_the_ceiling(r, exc)

@@ -24,6 +24,10 @@ class Key:
     # lowering a deployment's quota); nothing tells the admission but the next response's headers
     lowered: dict[str, float] = field(default_factory=dict)
     lower_minute: int = 0
+    # a key with a daily cap: the scope's headroom (1: every request of the day is used) and an
+    # alternative pool on a key of its own, where the callers can move when the day is spent
+    headroom: float | None = None
+    alternative: bool = False
 
 
 KEYS = {
@@ -32,6 +36,8 @@ KEYS = {
                      {"rpm": 50.0, "itpm": 30_000.0, "otpm": 8_000.0}, style="anthropic", cache_read_share=0.7),
     "outside": Key("outside", "60 RPM, 100k TPM, 30 % spent from outside the mesh",
                    {"rpm": 60.0, "tpm": 100_000.0}, outside={"tpm": 30_000.0}),
+    "daily": Key("daily", "1,000 requests a day, and an alternative pool on another key",
+                 {"rpd": 1_000.0}, headroom=1.0, alternative=True),
     "lowered": Key("lowered", "60 RPM, 100k TPM, lowered to 50k TPM at minute 5 (as Azure lowers a deployment)",
                    {"rpm": 60.0, "tpm": 100_000.0}, lowered={"tpm": 50_000.0}, lower_minute=5),
 }
@@ -69,21 +75,37 @@ class CeilingSettings:
         return self.minutes * 60.0 / self.scale
 
 
+#: a daily key's alternative: another model of the fake provider (a key and scope of its own)
+ALT_MODEL = "m-alt"
+ALT_POOL = f"{ALT_MODEL}@{PROVIDER}"
+
+
 def admission_policy(key: Key, s: CeilingSettings, contender: str) -> dict[str, Any]:
     """One lane owning the pool; the provider's durations scaled (as the burst's); with
     ``ceilings`` the key's limits as ``[ceilings.key]``, per real minute (the provider's per
-    provider minute × scale), the request bucket's burst one provider second."""
+    provider minute × scale; a daily limit as it is: the admission's day is Redis' UTC day), the
+    request bucket's burst one provider second. A key with an alternative: its pool is the
+    lane's first choice and the alternative (the same limits on a scope of its own) the second."""
     pol: dict[str, Any] = {"tunables": scaled_tunables(s.scale),
                            "lanes": {LANE: {"floor": 1.0, "weight": 1, "priority": 1}},
                            "providers": {PROVIDER: {}}, "pools": {POOL: {}}}
+    if key.alternative:
+        pol["pools"][ALT_POOL] = {}
+        pol["alternatives"] = {POOL: [ALT_POOL]}
     if contender == "ceilings":
-        scope: dict[str, Any] = {kind: limit * s.scale for kind, limit in key.limits.items()}
+        scope: dict[str, Any] = {kind: limit * (1 if kind in C.DAY_KINDS else s.scale)
+                                 for kind, limit in key.limits.items()}
+        if key.headroom is not None:
+            scope["headroom"] = key.headroom
         if "rpm" in scope:
             scope["burst_s"] = max(0.001, key.rpm_burst_s / s.scale)
         if key.style == "anthropic":
             scope["output_charge"] = "received"
         pol["ceilings"] = {SCOPE: scope}
         pol["pools"][POOL]["ceilings"] = SCOPE
+        if key.alternative:
+            pol["ceilings"]["alt"] = dict(scope)
+            pol["pools"][ALT_POOL]["ceilings"] = "alt"
     return pol
 
 
