@@ -7,10 +7,10 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from ._calls import check_pair, received_of
+from ._calls import check_pair, end_with
 from ._calls_async import AsyncCalls
 from ._common import Ask, Settings, charge_key, joinable
-from ._http import PoolSpec, Verdict, _ask_of, _Route, _Tee
+from ._http import PoolSpec, Verdict, _ask_of, _Route, _Tee, is_json
 from ._rate_headers import note
 from ._streams_async import AsyncHeldRound
 from ..aio import AsyncAdmission
@@ -62,8 +62,8 @@ class AsyncRoundTransport:
 
     async def handle_async_request(self, request: Any) -> Any:
         calls = self._calls
-        if self._route.pool is None or calls.settings.declare_budget:
-            await request.aread()  # the model (or the answer budget) is in the body
+        if self._route.pool is None or is_json(request):
+            await request.aread()  # the model, the answer budget and the prompt are in the body
         pool, model = self._route.pool_of(request)
         handle = joinable(calls.adm, calls.settings, {})
         if handle is not None:
@@ -94,7 +94,8 @@ class AsyncRoundTransport:
             verdict = Verdict.of(response.status_code, response.headers, body)
             note(r, response.headers, response.status_code, verdict.view.message)
             r.outcome, r.retry_after = verdict.outcome, verdict.retry_after
-            r.received = received_of(ask, verdict.usage)
+            if response.status_code < 400:  # a refused or failed request sends no usage
+                end_with(r, ask, verdict.usage)
             r.cost_usd = await self._calls.cost(r.decision.config_version, r.pool, verdict.usage)
         finally:
             await held.close(None)
