@@ -22,6 +22,8 @@ How a request flows (the proxy's documented custom-callback hooks, ``CustomLogge
   pool's own price table when the policy gives one (``price_input`` / ``price_output`` /
   ``price_cached_input``, USD per million tokens, applied to the response's ``usage``); a round
   that declared its size also sends the answer tokens it received (the usage's output count).
+  The response's usage goes with the release (``usage=``: what the provider counted), so the
+  pool's rate ceilings reconcile what the admit reserved.
 * ``async_log_failure_event`` — released with the classified exception (``classify.outcome_of``:
   429/529 = ``rate_limited``, a daily key limit closes the provider, …) and its Retry-After
   (a rate-limited release pauses the pool for every pod).
@@ -65,6 +67,10 @@ Choices:
   and one the provider cannot produce before the round cap keeps the call waiting until it runs
   alone. A size the admission cannot take is a **400**. No progress is reported: the proxy's
   hooks see no stream.
+* **Rate ceilings** (design §5.9, ``_counts``): the admit declares the request's answer budget
+  (``max_tokens`` ...) and its prompt (the metadata ``admission_input_tokens``, else the estimate
+  of its ``messages`` / ``input`` / ``prompt`` / ``system`` / ``tools`` text: characters / 4); a
+  failed call sends no usage, and its reservation stays charged.
 * **Lane**: the request's metadata ``admission_lane`` (or ``lane``), else the API key's metadata
   ``lane``, else the hook's default lane: the request's choice wins, the key's lane is a
   fallback, not an override (where clients must not choose, override ``lane_of``).
