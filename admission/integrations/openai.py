@@ -15,11 +15,11 @@ Choices:
 * **One call, one round.** Each admitted call runs inside ``adm.round()``: lane, agent and round
   id from the call's own keyword arguments (``lane=``, ``round_id=``, ``agent=``, ``pool=``,
   popped before the SDK sees them, as are ``tokens=`` and ``input_tokens=``), else from
-  ``admission.integrations.use(...)``, else the wrap-time defaults; pool ``pools[model]`` else ``f"{model}@{provider}"``; round id a fresh
-  uuid per request unless named. A refused round moves only to the alternatives this client can
-  call (its provider's pools, or those ``pools`` names: ``round(move_to=...)``) and calls that
-  pool's model; a seat elsewhere (the policy changed between ranking and admit) raises
-  ``MovedAway``.
+  ``admission.integrations.use(...)``, else the wrap-time defaults; pool ``pools[model]`` else
+  ``f"{model}@{provider}"``; round id a fresh uuid per request unless named. A refused round
+  moves only to the alternatives this client can call (its provider's pools, or those ``pools``
+  names: ``round(move_to=...)``) and calls that pool's model; a seat elsewhere (the policy
+  changed between ranking and admit) raises ``MovedAway``.
 * **Every attempt is admitted.** The SDK's own retries are off (``with_options(max_retries=0)``);
   a load refusal (429, 529) is retried by the wrapper up to ``retries`` times, each attempt a new
   ``round()``: it waits for a seat, and for the pause the provider's Retry-After set on the pool.
