@@ -92,6 +92,21 @@ def broken_headers(monkeypatch) -> None:
         "x-ratelimit-reset-tokens": "soon", "anthropic-ratelimit-output-tokens-reset": "9999-99-99"})
 
 
+@pytest.fixture
+def undeclared(monkeypatch):
+    """The calls declare nothing to the ceilings and send no usage, as a call that names no sizes:
+    the admission then reserves no tokens and learns no mean, so its buckets never hold a call
+    back and the provider's own 429, which these tests are about, comes (the integrations
+    declare their requests and reconcile them: tests/test_integration_usage.py)."""
+    from admission.integrations import _calls, _calls_async, _calls_sync, _common
+    from admission.integrations import litellm as adm_litellm
+
+    monkeypatch.setattr(_common, "declared", lambda *a, **k: {"input_tokens": None, "max_tokens": None})
+    monkeypatch.setattr(adm_litellm, "declared", lambda *a, **k: {})
+    for module in (_calls, _calls_async, _calls_sync, adm_litellm):
+        monkeypatch.setattr(module, "usage_of", lambda usage: None)
+
+
 def oai(url: str, adm, **kw):
     return adm_openai.wrap(openai.OpenAI(base_url=url + "/v1", api_key=KEY), adm, lane="a", retries=0, **kw)
 
@@ -133,7 +148,7 @@ def test_openai_calls_and_streams_leave_their_headers_on_the_round(make_adm, pro
     assert all(e["reading"].get("tpm").remaining is not None for e in seen)
 
 
-def test_openai_429_on_a_token_ceiling_ends_the_round_ceiling_not_rate_limited(make_adm, provider):
+def test_openai_429_on_a_token_ceiling_ends_the_round_ceiling_not_rate_limited(make_adm, provider, undeclared):
     adm = make_adm()
     _, url = provider(**TIGHT)
     seen = exits(adm)
@@ -197,7 +212,7 @@ def test_a_joined_call_reports_a_spent_ceiling_on_its_round_not_load(make_adm, p
     assert signals(adm)[1] == 0 and signals(adm)[0] >= 1
 
 
-def test_openai_async_wrapper_reads_headers_and_ceilings(server_url, provider, monkeypatch):
+def test_openai_async_wrapper_reads_headers_and_ceilings(server_url, provider, monkeypatch, undeclared):
     _, url = provider(**TIGHT)
 
     async def main():
@@ -230,7 +245,7 @@ def test_openai_async_wrapper_reads_headers_and_ceilings(server_url, provider, m
 
 
 # -- the Anthropic wrapper ------------------------------------------------------------------------
-def test_anthropic_calls_and_streams_read_headers_and_an_output_ceiling(make_adm, provider):
+def test_anthropic_calls_and_streams_read_headers_and_an_output_ceiling(make_adm, provider, undeclared):
     adm = make_adm()
     # Anthropic style: output tokens counted as produced, N per call, 100 a minute: the second
     # call passes on what is left and leaves the bucket in debt, the third is refused
@@ -277,7 +292,7 @@ def body(max_tokens: int = N) -> dict:
     return {"model": "gpt-x", "messages": ASK, "max_tokens": max_tokens}
 
 
-def test_transport_reads_each_responses_headers_and_a_ceiling_429(make_adm, provider, monkeypatch):
+def test_transport_reads_each_responses_headers_and_a_ceiling_429(make_adm, provider, monkeypatch, undeclared):
     adm = make_adm()
     _, url = provider(**TIGHT)
     seen = exits(adm)
@@ -295,7 +310,7 @@ def test_transport_reads_each_responses_headers_and_a_ceiling_429(make_adm, prov
     assert signals(adm)[1] == 1   # the capacity 429 only
 
 
-def test_async_transport_reads_headers_and_a_ceiling_429(server_url, provider):
+def test_async_transport_reads_headers_and_a_ceiling_429(server_url, provider, undeclared):
     _, url = provider(**TIGHT)
 
     async def main():

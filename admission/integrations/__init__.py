@@ -16,15 +16,18 @@ Four ways in, each its own submodule, imported only when used (importing
 
 And ``use(lane=..., round_id=..., agent=...)``, a context (``with`` / ``async with``) that names
 the lane, round id and agent of the admitted calls made inside it. Per call, the SDK wrappers also
-take ``lane=``, ``round_id=``, ``agent=``, ``pool=`` and ``tokens=`` (the round's declared size in
-answer tokens; popped before the SDK sees them).
+take ``lane=``, ``round_id=``, ``agent=``, ``pool=``, ``tokens=`` (the round's declared size in
+answer tokens) and ``input_tokens=`` (its prompt's tokens for the rate ceilings, instead of the
+estimate); popped before the SDK sees them.
 
 What they share, whichever you use: the SDK's or transport's errors are classified by the one
 classifier (``admission.classify``: 429/529 are load, with their Retry-After pausing the pool for
 every pod), the cost comes from the answer's usage at the pool's prices in the policy
-(``price_input``, ``price_output``, ``price_cached_input`` per million tokens), a stream holds its
-seat until it ends, and a call made inside a ``round()`` of the same admission joins that round
-instead of taking a second seat. The details and the choices are in each module's docstring.
+(``price_input``, ``price_output``, ``price_cached_input`` per million tokens), a round declares
+what its call will count against the rate ceilings (its answer budget, an estimate of its prompt)
+and ends with what the provider counted (the answer's usage, which the ceilings reconcile), a
+stream holds its seat until it ends, and a call made inside a ``round()`` of the same admission
+joins that round instead of taking a second seat. The details and the choices are in each module's docstring.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What an SDK client's sync and asyncio runners share (``Calls`` in ``_calls_sync.py``,
 generated from ``AsyncCalls`` in ``_calls_async.py``): resolving, the model to call, retry
-decisions, and the checks both make.
+decisions, the round's declarations and end, and the checks both make.
 """
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._common import Ask, MovedAway, Settings, is_load, log
+from ._counts import usage_of
 from ._prices import answer_received
 from ..aio import AsyncAdmission
 from ..classify import retry_after_of
@@ -28,6 +29,15 @@ def received_of(ask: Ask, usage: Any) -> float | None:
     return answer_received(usage) if ask.tokens is not None else None
 
 
+def end_with(handle: Any, ask: Ask, usage: Any) -> None:
+    """A round's call ended well: the answer tokens it received (declared rounds) and what the
+    provider counted (``handle.usage``, which the ceilings reconcile), from its usage."""
+    handle.received = received_of(ask, usage)
+    counted = usage_of(usage)
+    if counted is not None:
+        handle.usage = counted
+
+
 class CallsBase:
     """What the sync and async runners share: resolving, the model to call, retry decisions."""
 
@@ -38,7 +48,7 @@ class CallsBase:
         # moves only to the pools this client can call (its provider's, or those ``pools`` names)
         return self.adm.round(lane=ask.lane, model=ask.pool, round_id=ask.round_id, timeout=self.settings.timeout,
                               agent=ask.agent, move_to=lambda pool: self.settings.model_for(pool, ask) is not None,
-                              tokens=ask.tokens)
+                              tokens=ask.tokens, input_tokens=ask.input_tokens, max_tokens=ask.max_tokens)
 
     @staticmethod
     def reporter(ask: Ask, handle: Any) -> Any:

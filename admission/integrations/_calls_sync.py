@@ -10,8 +10,9 @@ import inspect
 import itertools
 from typing import Any, Callable
 
-from ._calls import CallsBase, received_of
+from ._calls import CallsBase, end_with
 from ._common import Ask, ask_for, charge_key, is_load, joinable, log, pop_call_args
+from ._counts import usage_of
 from ._prices import PRICES, _get, cost_of
 from ._rate_headers import note_error, note_response
 from ._streams_sync import HeldRound, RoundStream, RoundStreamManager
@@ -22,23 +23,25 @@ from ..errors import AdmissionError
 class Calls(CallsBase):
     """Runs an SDK client's admitted methods."""
 
-    def bind(self, method: Callable[..., Any], raw: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    def bind(self, method: Callable[..., Any], raw: Callable[..., Any] | None = None,
+             answers: bool = True) -> Callable[..., Any]:
         """``method`` (an SDK's create / parse), admitted; ``raw``: its ``with_raw_response``
-        form, when the SDK has one (the answer's headers come with it)."""
+        form, when the SDK has one (the answer's headers come with it); ``answers``: False for
+        a method that answers no tokens (embeddings)."""
         @functools.wraps(method)
         def call(*args: Any, **kwargs: Any) -> Any:
-            return self.run(method, args, kwargs, raw)
+            return self.run(method, args, kwargs, raw, answers)
         return call
 
     def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
-            raw: Callable[..., Any] | None = None) -> Any:
+            raw: Callable[..., Any] | None = None, answers: bool = True) -> Any:
         given = pop_call_args(kwargs)
         stream = kwargs.get("stream") is True
         send = functools.partial(self._send, fn, raw)
         handle = joinable(self.adm, self.settings, given)
         if handle is not None:
             return self._joined(handle, self._call_pool(given, kwargs.get("model")), send, args, kwargs, stream)
-        ask = ask_for(self.settings, given, kwargs.get("model"), kwargs)
+        ask = ask_for(self.settings, given, kwargs.get("model"), kwargs, answers)
         for attempt in itertools.count():
             try:
                 return self._admitted(ask, send, args, kwargs, stream)
@@ -111,13 +114,15 @@ class Calls(CallsBase):
         with self.round_for(ask) as r:
             result = send(r, args, self._kwargs(kwargs, ask, r))
             r.cost_usd = self.cost(r.decision.config_version, r.pool, _get(result, "usage"))
-            r.received = received_of(ask, _get(result, "usage"))
+            end_with(r, ask, _get(result, "usage"))
             return result
 
     def _end_held(self, held: HeldRound, exc: BaseException | None, stream: RoundStream) -> None:
         r = held.handle
         try:
             r.received = stream.meter.received(stream.usage)
+            if exc is None:  # what the provider counted, for the ceilings (a failed round sends none)
+                r.usage = usage_of(stream.usage.usage())
             r.cost_usd = self.cost(r.decision.config_version, r.pool, stream.usage.usage())
         finally:
             held.close(exc)

@@ -14,11 +14,15 @@ Here, where a call runs and ``log``:
   another round id: it runs inside that round, its cost is booked with ``r.charge(cost, key)``
   (once per request id) and a 429/529 it meets is reported with ``r.report("rate_limited", ...)``
   on that round (only when the call ran on the round's own pool: load on another pool is not
-  the round pool's load).
+  the round pool's load). It declares nothing to the rate ceilings and sets no usage: its
+  tokens are the round's, which reserved what its owner declared (else the scope's learned mean)
+  and is reconciled with the usage its owner sets, if any.
 
 The rest, each in its own module and each building only on the ones before it:
 
 * ``_prices``: prices and usage (``PRICES``, ``cost_of``, ``UsageTracker``, ``tokens_of``);
+* ``_counts``: what a call declares to the rate ceilings and what the provider counted
+  (``declared``, ``answer_budget``, ``usage_of``; built on ``_prices`` alone, this module uses it);
 * ``_primitives``: what really differs between the asyncio and the sync flavour;
 * ``_rate_headers``: the providers' rate-limit headers of each response, read into its round;
 * ``_streams``: a stream's progress; ``_streams_async``: rounds that outlive the call and the
@@ -42,6 +46,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType, ModuleType
 from typing import Any
 
+from ._counts import BUDGET_ARGS, answer_budget, declared  # noqa: F401 - BUDGET_ARGS, answer_budget: as before
 from .._log import get_logger
 from ..base import current_round
 from ..classify import RATE_LIMITED, signal_of
@@ -50,9 +55,7 @@ from ..errors import AdmissionError, BadArgument
 log = get_logger("admission.integrations")
 
 #: The keyword arguments an admitted call may carry for the admission (popped before the SDK).
-CALL_ARGS = ("lane", "round_id", "agent", "pool", "tokens")
-#: Where an SDK call names its answer budget (OpenAI chat, OpenAI Responses, Anthropic).
-BUDGET_ARGS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+CALL_ARGS = ("lane", "round_id", "agent", "pool", "tokens", "input_tokens")
 
 
 def require(module: str, extra: str) -> ModuleType:
@@ -166,6 +169,9 @@ class Ask:
     model: str | None
     round_id: str
     tokens: float | None = None  # the round's declared size (answer tokens), None: not declared
+    # what its call will count against the rate ceilings (``_counts.declared``), None: not declared
+    input_tokens: float | None = None
+    max_tokens: float | None = None
 
 
 def pop_call_args(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -174,19 +180,13 @@ def pop_call_args(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in given.items() if v is not None}
 
 
-def answer_budget(kwargs: Mapping[str, Any]) -> int | None:
-    """The answer budget an SDK call names (``BUDGET_ARGS``), if it names a whole number."""
-    for name in BUDGET_ARGS:
-        v = kwargs.get(name)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None
-
-
 def ask_for(settings: Settings, given: Mapping[str, Any], model: Any,
-            call_kwargs: Mapping[str, Any] | None = None) -> Ask:
+            call_kwargs: Mapping[str, Any] | None = None, answers: bool = True) -> Ask:
     """Per call, else the ``use()`` context, else the wrap-time default. The size: the call's
-    ``tokens=``, else its answer budget when the wrapper declares budgets, else none."""
+    ``tokens=``, else its answer budget when the wrapper declares budgets, else none. What it
+    will count against the ceilings: its ``input_tokens=``, else the estimate of its prompt,
+    and its answer budget (``answers``: False for a call that answers no tokens), from
+    ``call_kwargs`` (the SDK's arguments, or a request's JSON body)."""
     ctx = _CONTEXT.get()
     lane = given.get("lane") or ctx.get("lane") or settings.lane
     agent = given.get("agent") or ctx.get("agent")
@@ -197,8 +197,9 @@ def ask_for(settings: Settings, given: Mapping[str, Any], model: Any,
     tokens = given.get("tokens")
     if tokens is None and settings.declare_budget:
         tokens = answer_budget(call_kwargs or {})
+    counts = declared(call_kwargs or {}, given.get("input_tokens"), answers)
     return Ask(lane=lane, agent=agent, pool=pool, model=model if isinstance(model, str) else None,
-               round_id=round_id, tokens=tokens)
+               round_id=round_id, tokens=tokens, **counts)
 
 
 def joinable(adm: Any, settings: Settings, given: Mapping[str, Any]) -> Any:

@@ -110,10 +110,19 @@ def _body_model(request: Any) -> str | None:
     return model if isinstance(model, str) and model else None
 
 
+def is_json(request: Any) -> bool:
+    """A request whose body is JSON (an API call's): read before it is sent, for what it asks."""
+    return "json" in (request.headers.get("content-type") or "").lower()
+
+
 def _ask_of(settings: Settings, pool: str, model: str | None, request: Any) -> Ask:
-    """The round a request asks for; its size is the body's answer budget when budgets are
-    declared (the body was read then)."""
-    return ask_for(settings, {"pool": pool}, model, _body_json(request) if settings.declare_budget else {})
+    """The round a request asks for, from its JSON body (read then; any other body is not
+    read): its size is the body's answer budget when budgets are declared, and it declares
+    to the ceilings the body's prompt estimate and answer budget (``_counts.declared``; an
+    embeddings request answers no tokens)."""
+    body = _body_json(request) if is_json(request) else {}
+    answers = not str(getattr(request.url, "path", "")).rstrip("/").endswith("/embeddings")
+    return ask_for(settings, {"pool": pool}, model, body, answers)
 
 
 class _Route:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from ._calls import check_pair, received_of
+from ._calls import check_pair, end_with
 from ._calls_sync import Calls
 from ._common import Ask, Settings, charge_key, joinable
-from ._http import PoolSpec, Verdict, _ask_of, _Route, _Tee
+from ._http import PoolSpec, Verdict, _ask_of, _Route, _Tee, is_json
 from ._rate_headers import note
 from ._streams_sync import HeldRound
 from ..client import Admission
@@ -67,8 +67,8 @@ class RoundTransport:
         """Send ``request`` in a round of its pool (or in the round it is made inside); the
         round ends when the response's body is read to its end or closed."""
         calls = self._calls
-        if self._route.pool is None or calls.settings.declare_budget:
-            request.read()  # the model (or the answer budget) is in the body
+        if self._route.pool is None or is_json(request):
+            request.read()  # the model, the answer budget and the prompt are in the body
         pool, model = self._route.pool_of(request)
         handle = joinable(calls.adm, calls.settings, {})
         if handle is not None:
@@ -99,7 +99,8 @@ class RoundTransport:
             verdict = Verdict.of(response.status_code, response.headers, body)
             note(r, response.headers, response.status_code, verdict.view.message)
             r.outcome, r.retry_after = verdict.outcome, verdict.retry_after
-            r.received = received_of(ask, verdict.usage)
+            if response.status_code < 400:  # a refused or failed request sends no usage
+                end_with(r, ask, verdict.usage)
             r.cost_usd = self._calls.cost(r.decision.config_version, r.pool, verdict.usage)
         finally:
             held.close(None)

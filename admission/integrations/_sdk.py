@@ -21,16 +21,21 @@ from ..errors import BadArgument
 __all__ = ["Calls", "AsyncCalls", "SDKProxy", "wrap_client", "check_pair", "received_of"]
 
 
+#: The admitted methods that answer no tokens (their answer budget is 0 for the ceilings).
+NO_ANSWER = frozenset({("embeddings", "create")})
+
+
 def _bind(calls: Calls | AsyncCalls, kind: str, method: Callable[..., Any],
-          raw: Callable[..., Any] | None = None) -> Callable[..., Any]:
+          raw: Callable[..., Any] | None = None, answers: bool = True) -> Callable[..., Any]:
     """An SDK method, admitted: ``call`` (create / parse; ``raw``: its ``with_raw_response`` form,
-    which gives the answer's headers too) or ``manager`` (a ``.stream()`` helper)."""
+    which gives the answer's headers too; ``answers``: False when it answers no tokens) or
+    ``manager`` (a ``.stream()`` helper)."""
     if kind == "manager":
         @functools.wraps(method)
         def stream(*args: Any, **kwargs: Any) -> Any:
             return calls.manager(method, args, kwargs)
         return stream
-    return calls.bind(method, raw)
+    return calls.bind(method, raw, answers)
 
 
 def _raw_form(resource: Any, name: str) -> Callable[..., Any] | None:
@@ -58,7 +63,7 @@ class SDKProxy:
         kind = self._table.get(path)
         if kind is not None:
             return _bind(self._calls, kind, getattr(self._quiet, name),
-                         _raw_form(self._quiet, name) if kind == "call" else None)
+                         _raw_form(self._quiet, name) if kind == "call" else None, path not in NO_ANSWER)
         if any(p[:len(path)] == path for p in self._table):
             return SDKProxy(value, getattr(self._quiet, name), self._calls, self._table, path)
         if not self._path and name in ("with_options", "copy") and self._rewrap is not None:

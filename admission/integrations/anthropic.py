@@ -14,14 +14,17 @@ The choices are the OpenAI wrapper's (``admission.integrations.openai``): one ca
 (lane, agent, round id and pool per call, else ``use(...)``, else the defaults), the SDK's own
 retries off and load refusals retried in new rounds, streams holding their round until they end,
 calls inside a held round joining it, sizes and progress (``tokens=``, ``declare_budget``: an
-Anthropic call's budget is its ``max_tokens``, which it must name). Anthropic specifics:
+Anthropic call's budget is its ``max_tokens``, which it must name), the rate ceilings' declaration
+(``max_tokens`` and the estimate of ``system`` / ``messages`` / ``tools``, or ``input_tokens=``)
+and usage. Anthropic specifics:
 
 * **529 "overloaded" is load**, like a 429 (the classifier says so by status and by the SDK's
   ``OverloadedError``): retried, and it decreases the pool's estimate; it carries no Retry-After.
 * **Cost**: ``input_tokens`` and ``cache_creation_input_tokens`` at ``price_input``,
   ``cache_read_input_tokens`` at ``price_cached_input`` (else ``price_input``), ``output_tokens``
   at ``price_output``; a stream's usage from its ``message_start`` / ``message_delta`` events (or
-  the helper's message snapshot).
+  the helper's message snapshot). The same four counts go with the round's end for the ceilings
+  (``r.usage``: ``input_tokens`` is the uncached part, the cache writes and reads beside it).
 * **Rate-limit headers**: ``anthropic-ratelimit-*`` read into the round as the OpenAI wrapper
   reads its own (``r.rate_reading``; a 429 naming a spent ceiling, "... output tokens per
   minute", ends the round ``ceiling``); ``messages.parse`` has no raw form in the SDK, so its

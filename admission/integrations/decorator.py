@@ -19,6 +19,10 @@ Choices:
   ``use(lane=...)`` (``lane=None``). A call made inside another round is its delegated sub-round
   (the client's nesting rule; this decorator adds nothing to it).
 * An exception leaving the function ends the round with its classification (``round()``'s rule).
+* **Rate ceilings**: the decorator sees no request, so its rounds declare nothing (the scope's
+  learned mean per call is reserved); a function that takes ``round`` may set ``round.usage``
+  (``admission.Usage``) from its answer for the ceilings to reconcile. An SDK call wrapped by
+  this package inside it joins its round and declares nothing either.
 * **Moves only where the function can call**: the round stays on ``model`` unless ``move_to``
   (a predicate over pool names, ``round()``'s) says where else the function can run it; such a
   function reads where it runs from its ``round`` handle (``round.pool``).

@@ -39,6 +39,11 @@ Choices:
   body's answer budget (``max_completion_tokens`` / ``max_tokens`` / ``max_output_tokens``) as its
   round's size, and its round ends with the usage's output count. Off by default, as in the SDK
   wrappers. No progress is reported: the transport sees bytes, not an SDK's events.
+* **Rate ceilings** (design §5.9, ``_counts``): a request with a JSON body (read before it is
+  sent; any other body is not read) declares its answer budget and the estimate of its prompt
+  (its text's characters / 4; an ``/embeddings`` request answers no tokens), and a 2xx response
+  ends its round with the usage of its body (``r.usage``; the teed body, so none past
+  ``TEE_LIMIT``). Any other status sends none: the reservation stays charged.
 * **Rate-limit headers**: each response's (``x-ratelimit-*``, ``anthropic-ratelimit-*``) are
   read into its round (``r.rate_reading``) when its body is closed; a 429 whose headers or body
   name a spent ceiling ends the round ``ceiling`` (not load: the estimate is not cut), a joined

@@ -22,6 +22,8 @@ How a request flows (the proxy's documented custom-callback hooks, ``CustomLogge
   pool's own price table when the policy gives one (``price_input`` / ``price_output`` /
   ``price_cached_input``, USD per million tokens, applied to the response's ``usage``); a round
   that declared its size also sends the answer tokens it received (the usage's output count).
+  The response's usage goes with the release (``usage=``: what the provider counted), so the
+  pool's rate ceilings reconcile what the admit reserved.
 * ``async_log_failure_event`` — released with the classified exception (``classify.outcome_of``:
   429/529 = ``rate_limited``, a daily key limit closes the provider, …) and its Retry-After
   (a rate-limited release pauses the pool for every pod).
@@ -65,6 +67,10 @@ Choices:
   and one the provider cannot produce before the round cap keeps the call waiting until it runs
   alone. A size the admission cannot take is a **400**. No progress is reported: the proxy's
   hooks see no stream.
+* **Rate ceilings** (design §5.9, ``_counts``): the admit declares the request's answer budget
+  (``max_tokens`` ...) and its prompt (the metadata ``admission_input_tokens``, else the estimate
+  of its ``messages`` / ``input`` / ``prompt`` / ``system`` / ``tools`` text: characters / 4); a
+  failed call sends no usage, and its reservation stays charged.
 * **Lane**: the request's metadata ``admission_lane`` (or ``lane``), else the API key's metadata
   ``lane``, else the hook's default lane: the request's choice wins, the key's lane is a
   fallback, not an override (where clients must not choose, override ``lane_of``).
@@ -89,6 +95,7 @@ from litellm.integrations.custom_logger import CustomLogger
 
 from .._log import get_logger
 from ._common import answer_budget
+from ._counts import declared, usage_of
 from ._prices import answer_received, cost_of, prices_of
 from ._rate_headers import note
 from ..aio import AsyncAdmission
@@ -251,6 +258,14 @@ class AdmissionHook(CustomLogger):
                 return meta["admission_tokens"]
         return answer_budget(data) if self.declare_budget else None
 
+    def counts_of(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """What the call will count against the rate ceilings (``_counts.declared``): the
+        metadata's ``admission_input_tokens``, else the estimate of the request's prompt, and its
+        answer budget."""
+        given = next((m["admission_input_tokens"] for m in _metadatas(data)
+                      if m.get("admission_input_tokens") is not None), None)
+        return declared(data, given)
+
     # -- the hooks ------------------------------------------------------------------------------
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> dict | None:
         """Wait for a seat (at most ``timeout``), or refuse the request with an HTTP error."""
@@ -262,9 +277,11 @@ class AdmissionHook(CustomLogger):
         round_id = str(data.get("litellm_call_id") or uuid.uuid4())
         timeout, tokens = self.timeout_of(data), self.size_of(data)
         try:
-            # moves only to pools a model group of this proxy calls
+            # moves only to pools a model group of this proxy calls; declares what the call will
+            # count against the rate ceilings
             d = await adm.admit_waiting(lane=lane, model=pool, round_id=round_id, timeout=timeout,
-                                        move_to=lambda p: self.model_of(p) is not None, tokens=tokens)
+                                        move_to=lambda p: self.model_of(p) is not None, tokens=tokens,
+                                        **self.counts_of(data))
         except WaitTimeout as exc:
             reason = exc.reason or "unknown"
             if reason == UNAVAILABLE:
@@ -304,8 +321,9 @@ class AdmissionHook(CustomLogger):
         cost = self._price(held.decision.pool, response_obj, kwargs)
         if cost is None:
             cost = _number(kwargs.get("response_cost"))
-        received = answer_received(_usage(response_obj, kwargs)) if held.declared else None
-        await self._release(held, "clean", cost=cost, received=received)
+        usage = _usage(response_obj, kwargs)
+        received = answer_received(usage) if held.declared else None
+        await self._release(held, "clean", cost=cost, received=received, usage=usage_of(usage))
 
     async def async_log_failure_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
         """LiteLLM's failure callback: the request's round ends with the classified outcome."""
@@ -332,34 +350,36 @@ class AdmissionHook(CustomLogger):
         return self.held.pop(round_id, None) if round_id else None
 
     async def _release(self, held: Held, outcome: str, retry_after: float | None = None,
-                       cost: float | None = None, received: float | None = None) -> None:
+                       cost: float | None = None, received: float | None = None, usage: Any = None) -> None:
         """Release on the client's loop (a callback fired on another loop or thread is handed over)."""
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is held.loop:
-            await self._release_here(held, outcome, retry_after, cost, received)
+            await self._release_here(held, outcome, retry_after, cost, received, usage)
         else:
-            fut = asyncio.run_coroutine_threadsafe(self._release_here(held, outcome, retry_after, cost, received),
-                                                   held.loop)
+            fut = asyncio.run_coroutine_threadsafe(
+                self._release_here(held, outcome, retry_after, cost, received, usage), held.loop)
             await asyncio.wrap_future(fut)
 
     async def _release_here(self, held: Held, outcome: str, retry_after: float | None, cost: float | None,
-                            received: float | None = None) -> None:
+                            received: float | None = None, usage: Any = None) -> None:
         adm, seat = self.admission(), held.decision.seat
         assert seat is not None
         seconds = max(0.0, time.monotonic() - held.started)
         # a 429 that named a spent rate ceiling: that bucket is held, the pool's estimate is not cut
         spent = outcome == RATE_LIMITED and held.ceiling is not None
-        ceiling = {"ceiling": held.ceiling, "reset_s": held.reset_s} if spent else {}
+        extra = {"ceiling": held.ceiling, "reset_s": held.reset_s} if spent else {}
         said = "ceiling" if spent else outcome
         if held.rate_reading is not None:  # what the provider's headers said: the ceilings learn from it
-            ceiling["reading"] = held.rate_reading
+            extra["reading"] = held.rate_reading
+        if usage is not None:  # what the provider counted: the ceilings reconcile the reservation
+            extra["usage"] = usage
         try:
             try:
                 await adm.release(seat, outcome=said, seconds=seconds, cost_usd=cost, retry_after=retry_after,
-                                  received=received, **ceiling)
+                                  received=received, **extra)
             except BadArgument as exc:  # a price, Retry-After or count it refuses: the seat still goes
                 log.error("litellm_release_bad_argument", round=seat.id, cost_usd=cost, retry_after=retry_after,
                           received=received, error=str(exc))
@@ -367,7 +387,7 @@ class AdmissionHook(CustomLogger):
         except (Unavailable, NoPolicy) as exc:
             # as round() does: the client keeps the record (its outbox, else memory) and its clock
             # replays it when Redis answers; a release counts once however often it is sent
-            record = release_record(seat, said, seconds, cost, retry_after=retry_after, received=received, **ceiling)
+            record = release_record(seat, said, seconds, cost, retry_after=retry_after, received=received, **extra)
             await asyncio.to_thread(adm._queue, record, type(exc).__name__)
         except AdmissionError as exc:  # refused for good (unknown seat: expired long ago)
             log.warning("litellm_release_unapplied", round=seat.id, outcome=outcome, cost_usd=cost, error=str(exc))

@@ -14,12 +14,12 @@ Choices:
 
 * **One call, one round.** Each admitted call runs inside ``adm.round()``: lane, agent and round
   id from the call's own keyword arguments (``lane=``, ``round_id=``, ``agent=``, ``pool=``,
-  popped before the SDK sees them), else from ``admission.integrations.use(...)``, else the
-  wrap-time defaults; pool ``pools[model]`` else ``f"{model}@{provider}"``; round id a fresh
-  uuid per request unless named. A refused round moves only to the alternatives this client can
-  call (its provider's pools, or those ``pools`` names: ``round(move_to=...)``) and calls that
-  pool's model; a seat elsewhere (the policy changed between ranking and admit) raises
-  ``MovedAway``.
+  popped before the SDK sees them, as are ``tokens=`` and ``input_tokens=``), else from
+  ``admission.integrations.use(...)``, else the wrap-time defaults; pool ``pools[model]`` else
+  ``f"{model}@{provider}"``; round id a fresh uuid per request unless named. A refused round
+  moves only to the alternatives this client can call (its provider's pools, or those ``pools``
+  names: ``round(move_to=...)``) and calls that pool's model; a seat elsewhere (the policy
+  changed between ranking and admit) raises ``MovedAway``.
 * **Every attempt is admitted.** The SDK's own retries are off (``with_options(max_retries=0)``);
   a load refusal (429, 529) is retried by the wrapper up to ``retries`` times, each attempt a new
   ``round()``: it waits for a seat, and for the pause the provider's Retry-After set on the pool.
@@ -42,6 +42,19 @@ Choices:
   (the usage's ``completion_tokens`` / ``output_tokens``), so a budget is never read as the
   answer's size. A call that declares nothing is admitted as before, and a joined call (below)
   declares nothing: the round it joins has its own size.
+* **Rate ceilings** (design §5.9, ``_counts``). Every call declares what it will count against
+  its pool's ceilings: ``max_tokens=`` its answer budget (the fields above; an embeddings call 0)
+  and ``input_tokens=`` an estimate of its prompt (the characters of its ``messages`` /
+  ``input`` / ``prompt`` / ``instructions`` / ``tools`` text / 4; a call's own ``input_tokens=N``,
+  popped before the SDK sees it, wins). A request with neither declares nothing of that kind:
+  the scope's learned mean per call stands in. A call that answered ends its round with the
+  answer's usage (``r.usage``: ``prompt_tokens`` less ``prompt_tokens_details.cached_tokens``
+  uncached, those cached as cache reads, ``completion_tokens``; Responses' ``input_tokens`` /
+  ``input_tokens_details`` / ``output_tokens``), a stream with its usage chunk (only with
+  ``stream_options={"include_usage": True}``), so the buckets are refunded or charged what the
+  provider counted beyond the reservation. A failed call (a 429, an error, a broken stream) sends
+  no usage: its reservation stays charged. A joined call declares and sends nothing: the round
+  it joins reserved what its owner declared and is reconciled with the usage its owner sets.
 * **Join.** A call made inside a ``round()`` of the same admission (this thread or task holds
   it: ``admission.current_round()``) and naming no other ``round_id`` takes no second seat: it
   runs inside that round, books its cost with ``r.charge(cost, key=<request id>)`` (once per
