@@ -167,15 +167,25 @@ def test_integration_keeps_the_reservation_of_a_failed_call(make_adm, provider, 
     assert level(r, adm.mesh, GPT) == pytest.approx(START - ESTIMATE - BUDGET)
 
 
-def test_a_joined_call_declares_nothing_and_its_round_keeps_its_own_reservation(make_adm, provider, server_url):
+def test_each_joined_call_takes_its_own_reservation_and_the_round_reconciles_their_sum(make_adm, provider,
+                                                                                        server_url):
+    """A round of several SDK calls: its first joined call is its admit's reservation, each later
+    one takes its own (its prompt estimate and budget) before it is sent, and the round's end
+    reconciles the sum of their usages (design §5.9, lua/take.lua)."""
     adm = make_adm(usage_policy())
     _, url = provider(**CACHE)
     r = redis.Redis.from_url(server_url)
     client = adm_openai.wrap(openai.OpenAI(base_url=url + "/v1", api_key=KEY), adm, lane="a")
-    with adm.round(lane="a", model=GPT, round_id="own", input_tokens=100, max_tokens=100) as h:
-        client.chat.completions.create(model="gpt-x", messages=PROMPT, max_tokens=BUDGET)
-        assert h.usage is None                                    # the round's owner says what was counted
-    assert level(r, adm.mesh, GPT) == pytest.approx(START - 200)
+    with adm.round(lane="a", model=GPT, round_id="own", input_tokens=ESTIMATE, max_tokens=BUDGET) as h:
+        assert level(r, adm.mesh, GPT) == START - ESTIMATE - BUDGET
+        one = client.chat.completions.create(model="gpt-x", messages=PROMPT, max_tokens=BUDGET)
+        assert level(r, adm.mesh, GPT) == START - ESTIMATE - BUDGET      # the admit's own
+        two = client.chat.completions.create(model="gpt-x", messages=PROMPT, max_tokens=BUDGET)
+        assert level(r, adm.mesh, GPT) == START - 2 * (ESTIMATE + BUDGET)  # taken before it was sent
+        assert h.usage == Usage(input_tokens=2 * (one.usage.prompt_tokens - one.usage.prompt_tokens_details.cached_tokens),
+                                cache_read_tokens=2 * one.usage.prompt_tokens_details.cached_tokens,
+                                output_tokens=one.usage.completion_tokens + two.usage.completion_tokens)
+    assert level(r, adm.mesh, GPT) == pytest.approx(START - counted(GPT, one.usage) - counted(GPT, two.usage))
 
 
 def test_async_integration_reserves_its_request_and_reconciles_the_usage(server_url, provider):

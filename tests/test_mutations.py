@@ -636,6 +636,12 @@ MUTATIONS = [
      "                end_with(r, ask, verdict.usage)\n", "                pass\n", "test_integrations.py",
      "transport_declares", "redis"),
     # the integrations declare what a call will count against the rate ceilings and reconcile it
+    ("integrations count: a joined call takes its own request and tokens", "admission/integrations/_calls_sync.py",
+     "            self.reserve_call(handle, given, kwargs, answers)\n", "", "test_integration_usage.py",
+     "each_joined_call", "redis"),
+    ("integrations count: a joined call's usage adds to its round's", "admission/integrations/_calls_sync.py",
+     '        add_usage(handle, usage_of(_get(result, "usage")))  # the round reconciles its calls\' sum\n', "",
+     "test_integration_usage.py", "each_joined_call", "redis"),
     ("integrations count: an SDK call declares its prompt and budget", "admission/integrations/_calls.py",
      "input_tokens=ask.input_tokens, max_tokens=ask.max_tokens)", ")", "test_integration_usage.py",
      "integration_reserves", "redis"),

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from ._calls import CallsBase, end_with
 from ._common import Ask, ask_for, charge_key, is_load, joinable, log, pop_call_args
-from ._counts import usage_of
+from ._counts import add_usage, declared, usage_of
 from ._prices import PRICES, _get, cost_of
 from ._rate_headers import note_error, note_response
 from ._streams_async import AsyncHeldRound, AsyncRoundStream, AsyncRoundStreamManager
@@ -38,6 +38,7 @@ class AsyncCalls(CallsBase):
         send = functools.partial(self._send, fn, raw)
         handle = joinable(self.adm, self.settings, given)
         if handle is not None:
+            await self.reserve_call(handle, given, kwargs, answers)
             return await self._joined(handle, self._call_pool(given, kwargs.get("model")), send, args, kwargs, stream)
         ask = ask_for(self.settings, given, kwargs.get("model"), kwargs, answers)
         for attempt in itertools.count():
@@ -54,6 +55,7 @@ class AsyncCalls(CallsBase):
             handle = joinable(self.adm, self.settings, given)
             if handle is not None:
                 pool = self._call_pool(given, kwargs.get("model"))
+                await self.reserve_call(handle, given, kwargs, True)
                 inner = fn(*args, **kwargs)
                 try:
                     stream = await inner.__aenter__()
@@ -125,6 +127,14 @@ class AsyncCalls(CallsBase):
         finally:
             await held.close(exc)
 
+    async def reserve_call(self, handle: Any, given: dict[str, Any], kwargs: dict[str, Any], answers: bool) -> None:
+        """A call joining a held round takes its own request and tokens from the pool's rate
+        ceilings before it is sent (``Round.reserve_call``: the round's first call is its
+        admit's reservation), waiting, seat held, while a ceiling cannot cover it."""
+        reserve = getattr(handle, "reserve_call", None)
+        if reserve is not None:
+            await reserve(**declared(kwargs, given.get("input_tokens"), answers), timeout=self.settings.timeout)
+
     async def _joined(self, handle: Any, pool: str | None, send: Callable[..., Any], args: tuple,
                       kwargs: dict[str, Any], stream: bool) -> Any:
         try:
@@ -134,11 +144,14 @@ class AsyncCalls(CallsBase):
             raise
         if stream:
             return AsyncRoundStream(result, functools.partial(self._end_joined, handle, pool))
+        add_usage(handle, usage_of(_get(result, "usage")))  # the round reconciles its calls' sum
         await self.charge(handle, pool, _get(result, "usage"), charge_key(result))
         return result
 
     async def _end_joined(self, handle: Any, pool: str | None, exc: BaseException | None,
                           stream: AsyncRoundStream) -> None:
+        if exc is None:
+            add_usage(handle, usage_of(stream.usage.usage()))
         await self.charge(handle, pool, stream.usage.usage(), charge_key(stream.inner))
         if isinstance(exc, Exception):
             await self.report_load(handle, pool, exc)

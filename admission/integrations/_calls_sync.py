@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from ._calls import CallsBase, end_with
 from ._common import Ask, ask_for, charge_key, is_load, joinable, log, pop_call_args
-from ._counts import usage_of
+from ._counts import add_usage, declared, usage_of
 from ._prices import PRICES, _get, cost_of
 from ._rate_headers import note_error, note_response
 from ._streams_sync import HeldRound, RoundStream, RoundStreamManager
@@ -40,6 +40,7 @@ class Calls(CallsBase):
         send = functools.partial(self._send, fn, raw)
         handle = joinable(self.adm, self.settings, given)
         if handle is not None:
+            self.reserve_call(handle, given, kwargs, answers)
             return self._joined(handle, self._call_pool(given, kwargs.get("model")), send, args, kwargs, stream)
         ask = ask_for(self.settings, given, kwargs.get("model"), kwargs, answers)
         for attempt in itertools.count():
@@ -56,6 +57,7 @@ class Calls(CallsBase):
             handle = joinable(self.adm, self.settings, given)
             if handle is not None:
                 pool = self._call_pool(given, kwargs.get("model"))
+                self.reserve_call(handle, given, kwargs, True)
                 inner = fn(*args, **kwargs)
                 try:
                     stream = inner.__enter__()
@@ -127,6 +129,14 @@ class Calls(CallsBase):
         finally:
             held.close(exc)
 
+    def reserve_call(self, handle: Any, given: dict[str, Any], kwargs: dict[str, Any], answers: bool) -> None:
+        """A call joining a held round takes its own request and tokens from the pool's rate
+        ceilings before it is sent (``Round.reserve_call``: the round's first call is its
+        admit's reservation), waiting, seat held, while a ceiling cannot cover it."""
+        reserve = getattr(handle, "reserve_call", None)
+        if reserve is not None:
+            reserve(**declared(kwargs, given.get("input_tokens"), answers), timeout=self.settings.timeout)
+
     def _joined(self, handle: Any, pool: str | None, send: Callable[..., Any], args: tuple,
                 kwargs: dict[str, Any], stream: bool) -> Any:
         try:
@@ -136,11 +146,14 @@ class Calls(CallsBase):
             raise
         if stream:
             return RoundStream(result, functools.partial(self._end_joined, handle, pool))
+        add_usage(handle, usage_of(_get(result, "usage")))  # the round reconciles its calls' sum
         self.charge(handle, pool, _get(result, "usage"), charge_key(result))
         return result
 
     def _end_joined(self, handle: Any, pool: str | None, exc: BaseException | None,
                     stream: RoundStream) -> None:
+        if exc is None:
+            add_usage(handle, usage_of(stream.usage.usage()))
         self.charge(handle, pool, stream.usage.usage(), charge_key(stream.inner))
         if isinstance(exc, Exception):
             self.report_load(handle, pool, exc)

@@ -111,3 +111,19 @@ def usage_of(usage: Any) -> Usage | None:
         return None
     cached = min(flat.get("cached_tokens", 0), prompt or 0)  # OpenAI: the cached part is inside the prompt
     return Usage(input_tokens=(prompt or 0) - cached, cache_read_tokens=cached, output_tokens=output or 0)
+
+
+def add_usage(handle: Any, usage: Usage | None) -> None:
+    """A joined call's usage added to the round it joined (``handle.usage``): the round's end
+    reconciles the sum of its calls. A usage its owner set by hand as something other than a
+    ``Usage`` (a mapping) is the owner's word and is left as it is."""
+    if usage is None:
+        return
+    have = getattr(handle, "usage", None)
+    if have is None:
+        handle.usage = usage
+    elif isinstance(have, Usage):
+        handle.usage = Usage(input_tokens=have.input_tokens + usage.input_tokens,
+                             cache_creation_tokens=have.cache_creation_tokens + usage.cache_creation_tokens,
+                             cache_read_tokens=have.cache_read_tokens + usage.cache_read_tokens,
+                             output_tokens=have.output_tokens + usage.output_tokens)

@@ -53,8 +53,10 @@ Choices:
   ``input_tokens_details`` / ``output_tokens``), a stream with its usage chunk (only with
   ``stream_options={"include_usage": True}``), so the buckets are refunded or charged what the
   provider counted beyond the reservation. A failed call (a 429, an error, a broken stream) sends
-  no usage: its reservation stays charged. A joined call declares and sends nothing: the round
-  it joins reserved what its owner declared and is reconciled with the usage its owner sets.
+  no usage: its reservation stays charged. A joined call reserves before it is sent
+  (``Round.reserve_call``: the round's first call is its admit's reservation, each later one
+  takes its own request and tokens, waiting with its seat while a ceiling cannot cover it) and
+  adds its usage to the round's ``r.usage``, so the round's end reconciles all its calls.
 * **Join.** A call made inside a ``round()`` of the same admission (this thread or task holds
   it: ``admission.current_round()``) and naming no other ``round_id`` takes no second seat: it
   runs inside that round, books its cost with ``r.charge(cost, key=<request id>)`` (once per
