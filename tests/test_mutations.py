@@ -775,7 +775,9 @@ MUTATIONS += [
     ("outside: a bucket keeps a tenth of its rate", "include/readings.lua",
      "(1 - MIN_NET) * b.gross[l]", "b.gross[l]", "test_rules_ceilings_outside.py", "tenth"),
     ("outside: a shortfall of ours lowers the estimate", "include/readings.lua",
-     "(low + math.min(gap, 0)) / dt", "low / dt", "test_rules_ceilings_outside.py", "follows"),
+     "(low + math.min(missed, 0)) / dt", "low / dt", "test_rules_ceilings_outside.py", "follows"),
+    ("outside: a reading's age is no outside traffic", "include/readings.lua",
+     "local missed = gap - b.rate[l] * since", "local missed = gap", "test_rules_ceilings_outside.py", "age"),
 ]
 
 

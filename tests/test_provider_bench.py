@@ -227,3 +227,20 @@ def test_the_daily_key_keeps_its_cap_unscaled_and_offers_an_alternative():
     text = provider_bench.ceilings_case.render({"settings": dataclasses.asdict(s), "keys": {"daily": "x"},
                                                "rows": [row], "elapsed_s": 1})
     assert "1,000 calls on the key's model, then 896 on the alternative; the scope closed on rpd" in text
+
+
+def test_the_killed_key_kills_a_pod_and_counts_what_came_after(capsys):
+    """The ``killed`` key: one pod process is SIGKILLed at minute 4 with its rounds in flight and
+    its waiters queued; its leases are scaled like the provider's durations, the others carry on,
+    and the row says what came after (the 429s and the use of the key)."""
+    from admission.tools.provider_bench.ceilings_settings import KEYS, CeilingSettings, admission_policy
+
+    key = KEYS["killed"]
+    assert key.change_minute == 4
+    assert admission_policy(key, CeilingSettings(scale=10.0), "ceilings")["tunables"]["lease_ttl"] == 3.0
+    args = ["--provider", "--case", "ceilings", "--key", "killed", "--contender", "ceilings", "--pods", "2",
+            "--workers", "3", "--minutes", "6", "--scale", "60", "--engine", str(ENGINE), "--no-progress", "--json"]
+    assert bench.main(args) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert row["client_done"] <= row["rounds"] and set(row["after_change_used_pct"]) == {"rpm", "tpm"}
+    assert row["after_change_used_pct"]["tpm"] > 0                  # the pod left alive kept calling

@@ -89,3 +89,16 @@ def test_the_drain_leaves_a_bucket_a_tenth_of_its_rate(redis_client):
         assert float(scope_state(redis_client)["net:tpm"]) == want
     ask(T0 + 50, input_tokens=0, max_tokens=0)
     assert level(redis_client, "tpm") == 10 * 0.1 * RATE
+
+
+def test_a_readings_age_is_no_outside_traffic(redis_client):
+    """The provider counted its remaining at the reading's time: what our bucket refilled since
+    is lowered (the level follows the provider) but is not taken for another client's use."""
+    a = adm(redis_client, pol=ceil_policy({"tpm": 600_000}))
+    ask = Ask(a)
+    d = ask(T0, input_tokens=500_000, max_tokens=0)
+    a.release(d.seat, now=T0, reading=reading(at=T0, tpm=(600_000, 100_000)))
+    d = ask(T0 + 10, input_tokens=0, max_tokens=0)                    # ours: 200,000
+    # counted 1.5 s ago, when ours held 185,000: the provider agrees with us
+    a.release(d.seat, now=T0 + 10, reading=reading(at=T0 + 8.5, tpm=(600_000, 185_000)))
+    assert level(redis_client, "tpm") == 185_000 and float(scope_state(redis_client)["net:tpm"]) == 0

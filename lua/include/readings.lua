@@ -12,7 +12,8 @@
 -- The traffic from outside the mesh (another client on the same key) drains the provider's
 -- bucket between readings while ours refills at its whole rate; each fresh reading lowers ours
 -- by that gap. Over a window of at least NET_MIN_DT (netAt: its start) the gaps lowered
--- (low:<limit>), less a shortfall of ours at its end, over the window's length are what the
+-- (low:<limit>; each less what our bucket refilled since the provider counted, the reading's
+-- age), less a shortfall of ours at its end, over the window's length are what the
 -- drain estimate (net:<limit>, per second) missed: it moves by NET_GAIN of that, within [0,
 -- (1 - MIN_NET) x rate], and the bucket refills at its rate less the drain (ceilings.lua), so
 -- the next admits already leave the outside traffic its share instead of meeting its 429s.
@@ -106,6 +107,7 @@ local function learn(cfg, scope, r, now)
   local h, extra = b.h, b.extra
   local net_at = b.netAt
   local dt = net_at and now - net_at
+  local since = math.max(0, now - r.at) -- the reading's age (under FRESH_S)
   local restart = not dt or dt < 0 or dt > NET_WINDOW -- a new window: nothing measured yet
   local close = not restart and dt >= NET_MIN_DT      -- the window ends here: the drain moves
   local lowered = false
@@ -115,9 +117,11 @@ local function learn(cfg, scope, r, now)
       local gap = b.level[l] - left
       if gap > 0 then b.level[l], lowered = left, true end
       if not DAILY[l] then
-        local low = (not restart and tonumber(h['low:' .. l]) or 0) + math.max(gap, 0)
+        -- what our bucket refilled since the provider counted is no outside traffic
+        local missed = gap - b.rate[l] * since
+        local low = (not restart and tonumber(h['low:' .. l]) or 0) + math.max(missed, 0)
         if close then
-          local err = (low + math.min(gap, 0)) / dt
+          local err = (low + math.min(missed, 0)) / dt
           local d = math.max(0, math.min((tonumber(h['net:' .. l]) or 0) + NET_GAIN * err, (1 - MIN_NET) * b.gross[l]))
           push(extra, 'net:' .. l, fmt(d))
           low = 0

@@ -117,10 +117,10 @@ def _row(contender: str, key: Key, s: CeilingSettings, stats: dict[str, Any], m0
     binding = max(shares, key=shares.get) if shares else None
     total = stats["total"]
     extra: dict[str, Any] = {}
-    if at_change is not None:  # a lowered key: what came after the provider lowered its limits
+    if at_change is not None:  # a lowered or killed key: what came after the change
         before = at_change["ceilings"]["429"]
         extra = {"after_change_429_by": {k: int(v) - int(before.get(k, 0)) for k, v in c["429"].items()},
-                 "after_change_used_pct": _used_pct(c, key, m0, range(key.lower_minute + 1, math.floor(s.minutes)))}
+                 "after_change_used_pct": _used_pct(c, key, m0, range(key.change_minute + 1, math.floor(s.minutes)))}
     if key.alternative:  # where the rounds ran: the key's model until its day was spent, then the alternative
         extra["completions_by_model"] = {m: int(stats["models"].get(m, {}).get("completions", 0))
                                          for m in (MODEL, ALT_MODEL)}
@@ -159,16 +159,19 @@ def run(s: CeilingSettings, progress: bool = False) -> dict[str, Any]:
                     start: list[int] = []
                     at_change: list[dict[str, Any]] = []
 
-                    def lower() -> None:  # the provider lowers the key's limits, and says so only in its headers
+                    def change() -> None:
                         at_change.append(provider.stats())
-                        provider.configure(ceilings=dict(key.lowered))
+                        if key.lowered:  # the provider lowers the key's limits, and says so only in its headers
+                            provider.configure(ceilings=dict(key.lowered))
+                        else:  # a pod dies with its rounds in flight
+                            pods.kill(0)
 
                     def at_start() -> None:
                         start.append(_on_a_minute(provider, s.scale))
                         if contender == "ceilings":
                             _one_provider_minute(key, server.url)
-                        if key.lowered:
-                            timer = threading.Timer(key.lower_minute * C.MINUTE / s.scale, lower)
+                        if key.change_minute is not None:
+                            timer = threading.Timer(key.change_minute * C.MINUTE / s.scale, change)
                             timer.daemon = True
                             timer.start()
                             timers.append(timer)
@@ -189,9 +192,12 @@ def run(s: CeilingSettings, progress: bool = False) -> dict[str, Any]:
                             timer.cancel()
                         provider.stop()
                     closed = _closed(server.url) if key.alternative else None
-                    if key.lowered and not at_change:
-                        raise RuntimeError(f"ceilings case: the run ended before minute {key.lower_minute}, "
-                                           "when the provider lowers the key's limits")
+                    if key.change_minute is not None and not at_change:
+                        raise RuntimeError(f"ceilings case: the run ended before minute {key.change_minute}, "
+                                           "when the run changes")
+                    if pods.killed:  # the next contender starts with every pod alive
+                        pods.close()
+                        pods = CeilingPods(s.pods)
                     rows.append(_row(contender, key, s, stats, start[0], reports, at_change[0] if at_change else None,
                                      closed))
         finally:

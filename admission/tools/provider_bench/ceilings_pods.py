@@ -262,6 +262,7 @@ class CeilingPods:
     def __init__(self, pods: int):
         ctx = multiprocessing.get_context("spawn")
         self.n = pods
+        self.killed: set[int] = set()  # pods SIGKILLed mid-run (the killed key): no report comes
         self.gate = ctx.Event()
         self.results = ctx.Queue()
         self.commands = [ctx.Queue() for _ in range(pods)]
@@ -282,13 +283,19 @@ class CeilingPods:
         self.gate.set()
         return self._collect("report", time.monotonic() + job["real_s"] + 90)
 
+    def kill(self, pod: int) -> None:
+        """SIGKILL one pod process mid-run, its rounds, reservations and waiters with it (a
+        pod lost as a node is): its seats are left for their leases to end."""
+        self.killed.add(pod)
+        os.kill(self.procs[pod].pid, signal.SIGKILL)
+
     def _collect(self, what: str, deadline: float) -> list[dict[str, Any]]:
         got: list[dict[str, Any]] = []
-        while len(got) < self.n:
+        while len(got) < self.n - len(self.killed):
             try:
                 r = self.results.get(timeout=0.1)
             except queue_mod.Empty:
-                dead = [p.name for p in self.procs if not p.is_alive()]
+                dead = [p.name for i, p in enumerate(self.procs) if not p.is_alive() and i not in self.killed]
                 if dead or time.monotonic() > deadline:
                     raise RuntimeError(f"ceilings case: {self.n - len(got)} pod(s) never came {what} "
                                        f"({', '.join(dead) + ' died' if dead else 'deadline passed'})") from None

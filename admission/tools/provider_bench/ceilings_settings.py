@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..sim import ceilings as C
+from ...policy import TUNABLES
 from .settings import LANE, POOL, PROVIDER, scaled_tunables
 
 
@@ -28,6 +29,15 @@ class Key:
     # alternative pool on a key of its own, where the callers can move when the day is spent
     headroom: float | None = None
     alternative: bool = False
+    # one pod process is SIGKILLed at the start of this provider minute of the run (0: none); its
+    # leases are scaled like the provider's durations (30 provider seconds), so a dead pod's seats
+    # and waiters end as they would in real time, not after five provider minutes
+    kill_minute: int = 0
+
+    @property
+    def change_minute(self) -> int | None:
+        """The minute the run changes (a lowered limit, a pod killed), or None."""
+        return self.lower_minute if self.lowered else (self.kill_minute or None)
 
 
 KEYS = {
@@ -38,6 +48,8 @@ KEYS = {
                    {"rpm": 60.0, "tpm": 100_000.0}, outside={"tpm": 30_000.0}),
     "daily": Key("daily", "1,000 requests a day, and an alternative pool on another key",
                  {"rpd": 1_000.0}, headroom=1.0, alternative=True),
+    "killed": Key("killed", "60 RPM, 100k TPM, one of the pods killed (SIGKILL) at minute 4, its rounds held",
+                  {"rpm": 60.0, "tpm": 100_000.0}, kill_minute=4),
     "lowered": Key("lowered", "60 RPM, 100k TPM, lowered to 50k TPM at minute 5 (as Azure lowers a deployment)",
                    {"rpm": 60.0, "tpm": 100_000.0}, lowered={"tpm": 50_000.0}, lower_minute=5),
 }
@@ -89,6 +101,8 @@ def admission_policy(key: Key, s: CeilingSettings, contender: str) -> dict[str, 
     pol: dict[str, Any] = {"tunables": scaled_tunables(s.scale),
                            "lanes": {LANE: {"floor": 1.0, "weight": 1, "priority": 1}},
                            "providers": {PROVIDER: {}}, "pools": {POOL: {}}}
+    if key.kill_minute:
+        pol["tunables"]["lease_ttl"] = round(TUNABLES["lease_ttl"][0] / s.scale, 6)
     if key.alternative:
         pol["pools"][ALT_POOL] = {}
         pol["alternatives"] = {POOL: [ALT_POOL]}
