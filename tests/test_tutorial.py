@@ -354,7 +354,9 @@ def test_tutorial(server_pool, tmp_path):
         seen = [(float(est), float(k)) for est, k in
                 re.findall(r"^pool sonnet@fake\s+K̂\s+([\d.]+)\s+K\s+([\d.]+)", watched, re.M)]
         assert seen[0] == (8, 0), watched  # one pod: slow start to 8, where six threads leave it; no 429
-        assert max(est for est, _ in seen) > 8, watched  # four pods: above what one pod reached
+        # four pods: they met the limit together (a 429 measured K while the census was watched);
+        # how far K̂ climbed first is the provider's draw (it may refuse a little below its K)
+        assert any(k > 0 for _, k in seen[1:]), watched
         stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{ports['provider']}/stats", timeout=5).read())
         total = stats["total"]
         assert total["completions"] > 100 and total["429"] <= 0.1 * total["requests"], total
