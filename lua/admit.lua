@@ -84,7 +84,7 @@ local clock, fail, fmt, key, run = Util.clock, Util.fail, Util.fmt, Util.key, Ut
 local check_lane, check_pool, lane_of = Config.check_lane, Config.check_pool, Config.lane_of
 local load_config, pinned = Config.load_config, Config.pinned
 local advance_clock, cap_line_refuses = Capline.advance_clock, Capline.cap_line_refuses
-local check_token_count, check_tokens = Capline.check_token_count, Capline.check_tokens
+local check_declared, check_tokens = Capline.check_declared, Capline.check_tokens
 local load_pool, slots = Pool.load_pool, Pool.slots
 local load_lanes = Lanes.load_lanes
 local count, count_refusal, event = Events.count, Events.count_refusal, Events.event
@@ -126,8 +126,8 @@ local function read_call()
     if borrow == asked then fail(ERR.BAD_ARG, 'a round cannot borrow the pool it asks for') end
   end
   local tokens = check_tokens(ARGV[12])
-  local input = (ARGV[13] or '') ~= '' and check_token_count('input tokens', ARGV[13], 0) or nil
-  local budget = (ARGV[14] or '') ~= '' and check_token_count('answer budget', ARGV[14], 0) or nil
+  local input = check_declared('input tokens', ARGV[13])
+  local budget = check_declared('answer budget', ARGV[14])
   if #ARGV - 14 > MAX_CANDIDATES then fail(ERR.BAD_ARG, 'at most ' .. MAX_CANDIDATES .. ' alternatives') end
   local ranked = {}
   for i = 15, #ARGV do ranked[#ranked + 1] = check_name('alternative', ARGV[i]) end

@@ -40,20 +40,15 @@ local check_name, clock, fmt, key = Util.check_name, Util.clock, Util.fmt, Util.
 local load_config = Config.load_config
 local count_refusal = Events.count_refusal
 local check_owner, read_hash, seat_args = Seats.check_owner, Seats.read_hash, Seats.seat_args
-local check_token_count = Capline.check_token_count
+local check_declared = Capline.check_declared
 local REASON, cover, debit = Ceilings.REASON, Ceilings.cover, Ceilings.debit
 local load_scope, scope_for, reservation = Ceilings.load_scope, Ceilings.scope_for, Ceilings.reservation
-
-local function declared(what, v)
-  if v == nil or v == '' then return nil end
-  return check_token_count(what, v, 0)
-end
 
 return function()
   local id, seq, pod = seat_args()
   local call_key = check_name('call key', ARGV[4])
-  local input = declared('input tokens', ARGV[5])
-  local budget = declared('answer budget', ARGV[6])
+  local input = check_declared('input tokens', ARGV[5])
+  local budget = check_declared('answer budget', ARGV[6])
   local now = clock(ARGV[7])
   local cfg = load_config(nil)
   local s = check_owner(id, read_hash(key('seat', id)), seq, pod)
@@ -76,7 +71,7 @@ return function()
   debit(b, res)
   -- the round's reservation grows by the call's: its release reconciles every call at once. The
   -- budget stays a sum while every call declared one ('' as soon as one did not).
-  local had = (s.cScope and s.cScope ~= '') and s.cScope == scope
+  local had = s.cScope == scope -- the seat already holds a reservation on this scope
   local calls = had and (tonumber(s.cCalls) or 1) or 0
   local old_budget = had and tonumber(s.cBudget or '') or nil
   local sum_budget = ''

@@ -14,9 +14,10 @@ Here, where a call runs and ``log``:
   another round id: it runs inside that round, its cost is booked with ``r.charge(cost, key)``
   (once per request id) and a 429/529 it meets is reported with ``r.report("rate_limited", ...)``
   on that round (only when the call ran on the round's own pool: load on another pool is not
-  the round pool's load). It declares nothing to the rate ceilings and sets no usage: its
-  tokens are the round's, which reserved what its owner declared (else the scope's learned mean)
-  and is reconciled with the usage its owner sets, if any.
+  the round pool's load). Before it is sent it reserves through ``Round.reserve_call`` (the
+  round's first call is its admit's reservation, each later one takes its own from the rate
+  ceilings), and its usage is added to the round's (``_counts.add_usage``), which the round's end
+  reconciles.
 
 The rest, each in its own module and each building only on the ones before it:
 

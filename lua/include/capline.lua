@@ -54,6 +54,13 @@ local function check_tokens(s)
   return check_token_count('tokens', s, 1)
 end
 
+-- A count declared to the rate ceilings (input tokens, an answer budget): '' = none (nil), else
+-- a count of tokens in [0, MAX_TOKENS].
+local function check_declared(what, s)
+  if s == nil or s == '' then return nil end
+  return check_token_count(what, s, 0)
+end
+
 -- The fit {a, b}: seconds per token = a + b * rounds in flight; nil until it has its points and
 -- spread, or when rounds are not slower at more load (then the load does not decide their end).
 local function fit_of(p)
@@ -200,6 +207,7 @@ return {
   CEILING_FIELDS = CEILING_FIELDS,
   CLOCK_FIT_FIELDS = CLOCK_FIT_FIELDS,
   check_token_count = check_token_count,
+  check_declared = check_declared,
   check_tokens = check_tokens,
   advance_clock = advance_clock,
   ceiling_room = ceiling_room,

@@ -281,6 +281,7 @@ return {
   LIMITS = LIMITS,
   DAILY = DAILY,
   MIN_NET = MIN_NET,
+  NET_WINDOW = NET_WINDOW,
   REASON = REASON,
   shape = shape,
   in_force = in_force,

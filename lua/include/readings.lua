@@ -25,11 +25,10 @@
 local ERR = Codes.ERR
 local fail, fmt, key = Util.fail, Util.fmt, Util.key
 local LIMITS, load_scope, save_levels = Ceilings.LIMITS, Ceilings.load_scope, Ceilings.save_levels
-local DAILY, MIN_NET = Ceilings.DAILY, Ceilings.MIN_NET
+local DAILY, MIN_NET, NET_WINDOW = Ceilings.DAILY, Ceilings.MIN_NET, Ceilings.NET_WINDOW
 
 local FRESH_S = 2
 local NET_MIN_DT = 5 -- a drain is measured over at least this many seconds (one gap is noise)
-local NET_WINDOW = 60 -- a window longer than this (no fresh reading) restarts, measuring nothing
 local NET_GAIN = 0.5 -- the share of a window's error the drain estimate takes
 local MAX_TEXT = 1000
 local MAX_LIMIT = 1e12
@@ -108,7 +107,8 @@ local function learn(cfg, scope, r, now)
   local net_at = b.netAt
   local dt = net_at and now - net_at
   local since = math.max(0, now - r.at) -- the reading's age (under FRESH_S)
-  local restart = not dt or dt < 0 or dt > NET_WINDOW -- a new window: nothing measured yet
+  -- a new window, measuring nothing yet: none, or none fresh within NET_WINDOW (its drain lapsed too)
+  local restart = not dt or dt < 0 or dt > NET_WINDOW
   local close = not restart and dt >= NET_MIN_DT      -- the window ends here: the drain moves
   local lowered = false
   for l, x in pairs(r.limits) do
@@ -126,7 +126,7 @@ local function learn(cfg, scope, r, now)
           push(extra, 'net:' .. l, fmt(d))
           low = 0
         end
-        push(extra, 'low:' .. l, fmt(restart and 0 or low))
+        if restart or close or missed > 0 then push(extra, 'low:' .. l, fmt(restart and 0 or low)) end
       end
     end
   end
