@@ -224,6 +224,7 @@ local function ceilings_refuse(r, pool, p, delegated)
   local b = load_scope(r.cfg, scope, r.now)
   if not b then return nil end -- a learned scope without a limit yet
   local res = reservation(b, r.input, r.budget)
+  res.inp_text, res.out_text = r.input and ARGV[13], r.budget and ARGV[14]
   local limit, wait = cover(b, res)
   if limit and not delegated then
     r.wait_s = wait

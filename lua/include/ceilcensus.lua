@@ -123,7 +123,7 @@ local function ceilings_view(cfg, now)
   local reserved = reserved_by_scope()
   local view = {}
   for _, name in ipairs(names) do
-    local b = load_scope(cfg, name, now)
+    local b = load_scope(cfg, name, now, true)
     local pools = pools_of[name] or {}
     table.sort(pools)
     local r = reserved[name] or {n = 0, inp = 0, out = 0}

@@ -65,57 +65,76 @@ local function learned_config(h)
     output_charge = h['learned:otpm'] and 'received' or 'max_tokens'}
 end
 
--- A bucket's refill rate (per second) and capacity, from the scope's configuration `c` and the
--- limit in force (`value`: min(configured, learned); default the configured one).
-local function shape(c, limit, value)
-  local eff = (value or c[limit]) * c.headroom
-  if DAILY[limit] then return 0, eff end
-  local rate = eff / 60
-  if REQUESTS[limit] then return rate, math.max(1, rate * c.burst_s) end
-  return rate, eff
+-- Each limit's fields in the scope's hash (built once: a field name is not concatenated per call).
+local LEARNED_F = {rpm = 'learned:rpm', tpm = 'learned:tpm', itpm = 'learned:itpm', otpm = 'learned:otpm',
+  rpd = 'learned:rpd', tpd = 'learned:tpd'}
+local HOLD_F = {rpm = 'hold:rpm', tpm = 'hold:tpm', itpm = 'hold:itpm', otpm = 'hold:otpm', rpd = 'hold:rpd',
+  tpd = 'hold:tpd'}
+local NET_F = {rpm = 'net:rpm', tpm = 'net:tpm', itpm = 'net:itpm', otpm = 'net:otpm', rpd = 'net:rpd', tpd = 'net:tpd'}
+
+-- A table for one value per limit, its room made at once (a table grown key by key is rebuilt
+-- at each power of two: on the admit's path that cost more than the buckets' arithmetic).
+local function per_limit()
+  return {rpm = nil, tpm = nil, itpm = nil, otpm = nil, rpd = nil, tpd = nil}
 end
 
--- The limit in force: the lower of the configured and the learned one (either may be absent).
-local function in_force(configured, learned)
-  if configured and learned then return math.min(configured, learned) end
-  return configured or learned
-end
-
--- The scope's buckets refilled to `now` (nothing written): b.level[limit], b.rate, b.cap, and
--- b.configured / b.learned / b.limit (the limit in force) per limit; nil for a scope with no
--- bucket (a pool that has learned nothing yet).
-local function load_scope(cfg, name, now)
+-- The scope's buckets refilled to `now` (nothing written): b.level[limit], b.rate, b.cap,
+-- b.hold per limit in force; nil for a scope with no bucket (a pool that has learned nothing
+-- yet). `full` (the read model, readings.lua) adds per limit b.configured, b.learned, b.limit
+-- (the limit in force), b.gross (the refill before the outside drain) and b.drain.
+local function load_scope(cfg, name, now, full)
   local raw = redis.call('HGETALL', key('ceil', name))
   local h = {}
   for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
   local c = cfg.ceilings[name] or learned_config(h)
   local day = math.floor(now / 86400)
   local at = tonumber(h.at) or now
-  local net_at = tonumber(h.netAt)
+  local net_at = h.netAt and tonumber(h.netAt)
   local net_on = net_at ~= nil and now - net_at <= NET_WINDOW
-  local b = {name = name, c = c, now = now, day = day, level = {}, rate = {}, cap = {}, hold = {},
-    gross = {}, drain = {}, netAt = net_at, configured = {}, learned = {}, limit = {}, readAt = tonumber(h.readAt),
-    meanIn = tonumber(h.meanIn), meanOut = tonumber(h.meanOut), n = tonumber(h.n) or 0,
-    closedUntil = tonumber(h.closedUntil) or 0, why = h.why or '', h = h, extra = {}}
+  local new_day = tonumber(h.day) ~= day
+  local headroom, burst = c.headroom, c.burst_s
+  local level, rate, cap, hold = per_limit(), per_limit(), per_limit(), per_limit()
+  local b = {name = name, c = c, now = now, day = day, new_day = new_day, level = level, rate = rate, cap = cap,
+    hold = hold, netAt = net_at, meanIn = h.meanIn and tonumber(h.meanIn), meanOut = h.meanOut and tonumber(h.meanOut),
+    n = tonumber(h.n) or 0, closedUntil = tonumber(h.closedUntil) or 0, why = h.why or '', h = h, extra = {}}
+  if full then b.configured, b.learned, b.limit, b.gross, b.drain = {}, {}, {}, {}, {} end
   local any = false
-  for _, l in ipairs(LIMITS) do
-    local value = in_force(c[l], tonumber(h['learned:' .. l]))
-    b.configured[l], b.learned[l], b.limit[l] = c[l], tonumber(h['learned:' .. l]), value
+  for i = 1, 6 do
+    local l = LIMITS[i]
+    local conf, learned = c[l], h[LEARNED_F[l]]
+    if learned then learned = tonumber(learned) end
+    local value = conf -- the limit in force: the lower of the configured and the learned one
+    if learned and (not conf or learned < conf) then value = learned end
+    if full then b.configured[l], b.learned[l], b.limit[l] = conf, learned, value end
     if value then
       any = true
-      local rate, cap = shape(c, l, value)
-      b.gross[l] = rate
-      if net_on and not DAILY[l] then -- the outside traffic takes its share of the refill
-        local drain = math.min(tonumber(h['net:' .. l]) or 0, (1 - MIN_NET) * rate)
-        if drain > 0 then rate, b.drain[l] = rate - drain, drain end
+      -- its refill rate (per second) and capacity: a per-minute bucket refills limit x headroom / 60
+      -- a second and holds a minute's worth (requests: burst_s seconds of rate, at least one); a
+      -- daily one holds limit x headroom
+      local daily, eff = DAILY[l], value * headroom
+      local r, cp = 0, eff
+      if not daily then
+        r = eff / 60
+        if REQUESTS[l] then cp = math.max(1, r * burst) end
       end
-      local level, hold = tonumber(h[l]), tonumber(h['hold:' .. l]) or 0
-      if level == nil or (DAILY[l] and tonumber(h.day) ~= day) then level = cap -- new, or a new UTC day
-      elseif not DAILY[l] then
-        local from = math.max(at, hold)
-        if now > from then level = level + (now - from) * rate end
+      if full then b.gross[l] = r end
+      if net_on and not daily then -- the outside traffic takes its share of the refill
+        local net = h[NET_F[l]]
+        local drain = net and math.min(tonumber(net) or 0, (1 - MIN_NET) * r) or 0
+        if drain > 0 then
+          r = r - drain
+          if full then b.drain[l] = drain end
+        end
       end
-      b.level[l], b.rate[l], b.cap[l], b.hold[l] = math.min(cap, level), rate, cap, hold
+      local lv, hd = h[l], h[HOLD_F[l]]
+      hd = hd and tonumber(hd) or 0
+      lv = lv and tonumber(lv)
+      if lv == nil or (daily and new_day) then lv = cp -- new, or a new UTC day
+      elseif not daily then
+        local from = at > hd and at or hd
+        if now > from then lv = lv + (now - from) * r end
+      end
+      level[l], rate[l], cap[l], hold[l] = lv < cp and lv or cp, r, cp, hd
     end
   end
   return any and b or nil
@@ -176,17 +195,22 @@ end
 -- that cannot closes the scope.
 local function cover(b, res)
   reopen_if_due(b)
-  if b.closedUntil > b.now then return b.why, b.closedUntil - b.now end
+  local now = b.now
+  if b.closedUntil > now then return b.why, b.closedUntil - now end
+  local level, cap, rate = b.level, b.cap, b.rate
+  local inp, out = res.inp, res.out
   local worst, wait = nil, -1
-  for _, l in ipairs(LIMITS) do
-    local level = b.level[l]
-    if level then
-      local need = math.min(cost(l, res), b.cap[l])
+  for i = 1, 6 do
+    local l = LIMITS[i]
+    local lv = level[l]
+    if lv then
+      local need = REQUESTS[l] and 1 or l == 'itpm' and inp or l == 'otpm' and out or inp + out -- cost(l, res)
+      if need > cap[l] then need = cap[l] end
       -- one microsecond of refill is within the float error of an epoch's seconds
-      if level + EPS + b.rate[l] * 1e-6 < need then
+      if lv + EPS + rate[l] * 1e-6 < need then
         local w
-        if DAILY[l] then w = next_midnight(b.now) - b.now
-        else w = math.max(0, b.hold[l] - b.now) + (need - level) / b.rate[l] end
+        if DAILY[l] then w = next_midnight(now) - now
+        else w = math.max(0, b.hold[l] - now) + (need - lv) / rate[l] end
         if w > wait then worst, wait = l, w end
       end
     end
@@ -196,7 +220,11 @@ local function cover(b, res)
 end
 
 local function save_levels(b)
-  local args = {'at', fmt(b.now), 'day', fmt(b.day)}
+  local args = {'at', fmt(b.now)}
+  if b.new_day then -- the day is written when it changes (each write is a number formatted)
+    args[3], args[4] = 'day', fmt(b.day)
+    b.new_day = false
+  end
   for l, v in pairs(b.level) do
     args[#args + 1] = l
     args[#args + 1] = fmt(v)
@@ -209,16 +237,25 @@ end
 -- Debit the round from every bucket at once (the caller checked them all with cover). A daily
 -- bucket left without one more request (or any token) closes the scope now.
 local function debit(b, res)
-  for l, v in pairs(b.level) do b.level[l] = v - cost(l, res) end
+  local level, inp, out = b.level, res.inp, res.out
+  local tokens = inp + out
+  for l, v in pairs(level) do -- cost(l, res), inlined
+    if REQUESTS[l] then level[l] = v - 1
+    elseif l == 'itpm' then level[l] = v - inp
+    elseif l == 'otpm' then level[l] = v - out
+    else level[l] = v - tokens end
+  end
   tally(b, 1, res.inp + res.out)
   save_levels(b)
   if b.level.rpd and b.level.rpd + EPS < 1 then close_scope(b, 'rpd')
   elseif b.level.tpd and b.level.tpd <= EPS then close_scope(b, 'tpd') end
 end
 
--- The reservation kept on the seat, for its release.
+-- The reservation kept on the seat, for its release. A count the round declared is kept as the
+-- caller wrote it (res.inp_text, res.out_text: the same number, not formatted again).
 local function seat_fields(scope, res)
-  return {'cScope', scope, 'cIn', fmt(res.inp), 'cOut', fmt(res.out), 'cBudget', res.budget and fmt(res.budget) or ''}
+  local out = res.out_text or fmt(res.out)
+  return {'cScope', scope, 'cIn', res.inp_text or fmt(res.inp), 'cOut', out, 'cBudget', res.budget and out or ''}
 end
 
 -- What the provider counted of a call (u: uncached input, cache creation, cache reads, output),
@@ -283,8 +320,6 @@ return {
   MIN_NET = MIN_NET,
   NET_WINDOW = NET_WINDOW,
   REASON = REASON,
-  shape = shape,
-  in_force = in_force,
   load_scope = load_scope,
   scope_for = scope_for,
   reservation = reservation,

@@ -23,16 +23,16 @@ end
 -- `req` requests and `tok` tokens more used now (tok < 0: a release refunded part of a reservation).
 local function tally(b, req, tok)
   local h, m = b.h, math.floor(b.now / 60)
-  local cur = tonumber(h.useMin)
-  if cur ~= m then
-    local last = cur == m - 1
-    put(b, 'prevReq', last and (h.useReq or '0') or '0')
-    put(b, 'prevTok', last and (h.useTok or '0') or '0')
+  local used_req, used_tok = h.useReq, h.useTok
+  if tonumber(h.useMin) ~= m then
+    local last = tonumber(h.useMin) == m - 1
+    put(b, 'prevReq', last and (used_req or '0') or '0')
+    put(b, 'prevTok', last and (used_tok or '0') or '0')
     put(b, 'useMin', fmt(m))
-    h.useReq, h.useTok = '0', '0'
+    used_req, used_tok = nil, nil
   end
-  put(b, 'useReq', fmt((tonumber(h.useReq) or 0) + req))
-  put(b, 'useTok', fmt((tonumber(h.useTok) or 0) + tok))
+  put(b, 'useReq', fmt((used_req and tonumber(used_req) or 0) + req))
+  put(b, 'useTok', fmt((used_tok and tonumber(used_tok) or 0) + tok))
 end
 
 -- One release's accuracy: what the provider counted over what the admit reserved (nothing when

@@ -101,7 +101,7 @@ local function learn(cfg, scope, r, now)
     if not read_at and not cfg.ceilings[scope] then redis.call('HSET', key('pool', scope), 'learnedScope', '1') end
   end
   if math.abs(now - r.at) >= FRESH_S then return end
-  local b = load_scope(cfg, scope, now)
+  local b = load_scope(cfg, scope, now, true)
   if not b then return end
   local h, extra = b.h, b.extra
   local net_at = b.netAt
