@@ -13,6 +13,7 @@ is read at its exit, before its release: the seat (``cIn``, ``cOut``) and the bu
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 
 import anthropic
@@ -25,6 +26,7 @@ from admission import Status, Usage
 from admission.integrations import anthropic as adm_anthropic
 from admission.integrations import openai as adm_openai
 from admission.integrations._counts import declared, input_estimate, usage_of
+from admission.integrations._http import _call_of
 from admission.integrations._sdk import NO_ANSWER
 from admission.integrations.httpx import AdmissionTransport, AsyncAdmissionTransport
 from admission.integrations.litellm import AdmissionHook
@@ -107,6 +109,15 @@ def test_a_request_declares_its_prompt_estimate_and_answer_budget_and_nothing_it
     assert input_estimate({"system": "abcd", "messages": [{"role": "user", "content": [image]}],
                            "tools": [{"name": "ab", "input_schema": {}}]}) == math.ceil((4 + 4 + 2 + 12) / 4)
     assert input_estimate({"prompt": [1, 2, 3]}) == 3                                 # token ids
+
+
+def test_a_transport_request_declares_its_json_body_and_an_embeddings_request_answers_nothing():
+    chat = {"model": "gpt-x", "messages": PROMPT, "max_tokens": BUDGET}
+    assert _call_of(httpx.Request("POST", "http://p/v1/chat/completions", json=chat)) == (chat, True)
+    assert _call_of(httpx.Request("POST", "http://p/v1/embeddings/", json={"input": "abcd"})) == \
+        ({"input": "abcd"}, False)
+    assert _call_of(httpx.Request("POST", "http://p/v1/chat/completions", content=b'{"max_tokens": 9}')) == \
+        ({}, True)                                                                     # not JSON: not read
 
 
 def test_the_answers_usage_is_what_the_provider_counted_in_each_sdks_shape():
@@ -306,6 +317,85 @@ def test_async_transport_reserves_its_json_body_and_reconciles_the_bodys_usage(s
 
     seen, answer, after = asyncio.run(main())
     assert_reconciled(seen, next(iter(seen)), GPT, openai.types.chat.ChatCompletion(**answer).usage, after)
+
+
+def summed(*usages) -> Usage:
+    """The round's usage after joined calls with these answers' usages: their sum."""
+    got = [usage_of(u) for u in usages]
+    return Usage(*(sum(getattr(u, f) for u in got)
+                   for f in ("input_tokens", "cache_creation_tokens", "cache_read_tokens", "output_tokens")))
+
+
+def test_each_joined_transport_request_takes_its_own_reservation_and_the_round_reconciles_their_sum(
+        make_adm, provider, server_url):
+    """A round of several requests through the transport, as of several SDK calls (above): its
+    first joined request is its admit's reservation, each later one takes its JSON body's prompt
+    estimate and budget before it is sent (the level the inner transport sees), and each 2xx
+    body's usage adds to the round's, whose end reconciles the sum."""
+    adm = make_adm(usage_policy())
+    _, url = provider(**CACHE)
+    r = redis.Redis.from_url(server_url)
+    at_send = []
+
+    class Inner(httpx.HTTPTransport):
+        def handle_request(self, request):
+            at_send.append(level(r, adm.mesh, GPT))
+            return super().handle_request(request)
+
+    transport = AdmissionTransport(adm, lane="a", provider="openai", inner=Inner())
+    with httpx.Client(transport=transport, base_url=url, headers=AUTH) as http:
+        with adm.round(lane="a", model=GPT, round_id="hx", input_tokens=ESTIMATE, max_tokens=BUDGET) as h:
+            one = openai.types.chat.ChatCompletion(**http.post("/v1/chat/completions", json=chat_body()).json())
+            two = openai.types.chat.ChatCompletion(**http.post("/v1/chat/completions", json=chat_body()).json())
+            calls = r.hget(f"adm:{{{adm.mesh}}}:seat:hx", "cCalls")
+            assert h.usage == summed(one.usage, two.usage)
+    assert at_send == [START - ESTIMATE - BUDGET, START - 2 * (ESTIMATE + BUDGET)]   # the admit's own, then taken
+    assert calls == b"2"
+    assert level(r, adm.mesh, GPT) == pytest.approx(START - counted(GPT, one.usage) - counted(GPT, two.usage))
+
+
+def test_a_joined_transport_request_that_failed_adds_no_usage_to_its_round(make_adm):
+    """A 5xx's body may carry a usage; the request failed, so it adds none (as an SDK call's error)."""
+    adm = make_adm(usage_policy())
+    said = json.dumps({"error": {"message": "boom"}, "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
+    failed = httpx.MockTransport(lambda request: httpx.Response(   # a stream: read through the transport's tee
+        500, headers={"content-type": "application/json"}, stream=httpx.ByteStream(said.encode())))
+    transport = AdmissionTransport(adm, lane="a", provider="openai", inner=failed)
+    with httpx.Client(transport=transport, base_url="http://provider.invalid") as http:
+        with adm.round(lane="a", model=GPT, round_id="hx-f", input_tokens=ESTIMATE, max_tokens=BUDGET) as h:
+            assert http.post("/v1/chat/completions", json=chat_body()).status_code == 500
+            assert h.usage is None
+
+
+def test_each_joined_async_transport_request_takes_its_own_reservation_and_the_round_reconciles_their_sum(
+        server_url, provider):
+    _, url = provider(**CACHE)
+    r = redis.Redis.from_url(server_url)
+    at_send = []
+
+    async def main():
+        adm = await async_adm(server_url, usage_policy())
+
+        class Inner(httpx.AsyncHTTPTransport):
+            async def handle_async_request(self, request):
+                at_send.append(level(r, adm.mesh, GPT))
+                return await super().handle_async_request(request)
+
+        transport = AsyncAdmissionTransport(adm, lane="a", provider="openai", inner=Inner())
+        async with httpx.AsyncClient(transport=transport, base_url=url, headers=AUTH) as http:
+            async with adm.round(lane="a", model=GPT, round_id="ahx", input_tokens=ESTIMATE,
+                                 max_tokens=BUDGET) as h:
+                answers = [openai.types.chat.ChatCompletion(
+                    **(await http.post("/v1/chat/completions", json=chat_body())).json()) for _ in range(2)]
+                usage = h.usage
+        after = level(r, adm.mesh, GPT)
+        await aclose(adm)
+        return answers, usage, after
+
+    (one, two), usage, after = asyncio.run(main())
+    assert at_send == [START - ESTIMATE - BUDGET, START - 2 * (ESTIMATE + BUDGET)]
+    assert usage == summed(one.usage, two.usage)
+    assert after == pytest.approx(START - counted(GPT, one.usage) - counted(GPT, two.usage))
 
 
 def test_litellm_hook_reserves_its_request_and_reconciles_the_usage(server_url, provider):

@@ -115,13 +115,19 @@ def is_json(request: Any) -> bool:
     return "json" in (request.headers.get("content-type") or "").lower()
 
 
-def _ask_of(settings: Settings, pool: str, model: str | None, request: Any) -> Ask:
-    """The round a request asks for, from its JSON body (read then; any other body is not
-    read): its size is the body's answer budget when budgets are declared, and it declares
-    to the ceilings the body's prompt estimate and answer budget (``_counts.declared``; an
-    embeddings request answers no tokens)."""
+def _call_of(request: Any) -> tuple[dict[str, Any], bool]:
+    """What a request declares to the ceilings from: its JSON body (read then; any other body
+    is not read: {}), and whether it answers tokens (an embeddings request answers none)."""
     body = _body_json(request) if is_json(request) else {}
     answers = not str(getattr(request.url, "path", "")).rstrip("/").endswith("/embeddings")
+    return body, answers
+
+
+def _ask_of(settings: Settings, pool: str, model: str | None, request: Any) -> Ask:
+    """The round a request asks for, from ``_call_of``: its size is the body's answer budget
+    when budgets are declared, and it declares to the ceilings the body's prompt estimate and
+    answer budget (``_counts.declared``)."""
+    body, answers = _call_of(request)
     return ask_for(settings, {"pool": pool}, model, body, answers)
 
 

@@ -10,7 +10,8 @@ from typing import Any, Callable
 from ._calls import check_pair, end_with
 from ._calls_async import AsyncCalls
 from ._common import Ask, Settings, charge_key, joinable
-from ._http import PoolSpec, Verdict, _ask_of, _Route, _Tee, is_json
+from ._counts import add_usage, usage_of
+from ._http import PoolSpec, Verdict, _ask_of, _call_of, _Route, _Tee, is_json
 from ._rate_headers import note
 from ._streams_async import AsyncHeldRound
 from ..aio import AsyncAdmission
@@ -70,6 +71,8 @@ class AsyncRoundTransport:
         pool, model = self._route.pool_of(request)
         handle = joinable(calls.adm, calls.settings, {})
         if handle is not None:
+            body, answers = _call_of(request)  # a JSON body was read above
+            await calls.reserve_call(handle, {}, body, answers)  # its own request and tokens, before it is sent
             response = await self._inner.handle_async_request(request)
             return self._watch(response, functools.partial(self._end_joined, handle, pool, response))
         ask = _ask_of(calls.settings, pool, model, request)
@@ -110,6 +113,8 @@ class AsyncRoundTransport:
             return  # a broken body is the caller's error, not load
         verdict = Verdict.of(response.status_code, response.headers, body)
         note(handle, response.headers, response.status_code, verdict.view.message)
+        if response.status_code < 400:  # a failed request adds none; the round reconciles its calls' sum
+            add_usage(handle, usage_of(verdict.usage))
         await self._calls.charge(handle, pool, verdict.usage, charge_key(response))
         await self._calls.report_load(handle, pool, verdict.view)
 

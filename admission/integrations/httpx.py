@@ -31,7 +31,10 @@ Choices:
   the body is teed while it is read, up to ``TEE_LIMIT`` (1 MB; past it, no cost).
 * **Join**: a request made inside a ``round()`` of the same admission runs inside it (no second
   seat), as the SDK wrappers' calls do; its cost is charged once per request id and a 429/529 is
-  reported on the round. ``join=False`` makes it a delegated sub-round instead.
+  reported on the round. Before it is sent it takes what its JSON body declares from the rate
+  ceilings (``Round.reserve_call``: the round's first call is its admit's reservation), and a
+  2xx response's usage is added to the round's, whose end reconciles the sum of its calls.
+  ``join=False`` makes it a delegated sub-round instead.
 * **A refused round moves only to alternatives of the same provider** (``round(move_to=...)``),
   and the JSON body's ``model`` is rewritten to that pool's model; a seat elsewhere (the policy
   changed between ranking and admit) raises ``MovedAway`` (the request is not sent).
