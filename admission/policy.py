@@ -184,6 +184,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
                            ("itpm", "input tokens per minute"), ("otpm", "output tokens per minute"),
                            ("rpd", "requests per UTC day"), ("tpd", "tokens per UTC day"))},
         "burst_s": Key(float, "the request bucket's burst, in seconds of its rate", 1.0, 0.001, 3600),
+        "jitter_s": Key(float, "the spread of the delay between an admit and its call's arrival at the provider "
+                               "(pods' scheduling, the network): the request bucket keeps that much of its burst "
+                               "as room, or spaces calls that much further apart", 0.05, 0, 60),
         "headroom": Key(float, "the share of each limit admission uses", 0.97, 0, 1, lo_open=True),
         "output_charge": Key(str, "output tokens counted as the answer budget on arrival (`max_tokens`: "
                                   "OpenAI, Azure) or as produced (`received`: Anthropic)", "max_tokens",
@@ -414,7 +417,7 @@ def _provider(name: str, p: Any) -> dict[str, Any]:
 
 def _ceiling(name: str, c: Any) -> dict[str, Any]:
     """One ``[ceilings.<name>]`` scope: at least one limit, each a positive finite number (at
-    most 1e12); burst_s in [0.001, 3600] (default 1), headroom in (0, 1] (default 0.97),
+    most 1e12); burst_s in [0.001, 3600] (default 1), jitter_s in [0, 60] (default 0.05), headroom in (0, 1] (default 0.97),
     output_charge (default max_tokens), cache_reads_count (default false)."""
     where = f"ceilings.{name}"
     _name("[ceilings]", name)
@@ -440,6 +443,7 @@ def _ceiling(name: str, c: Any) -> dict[str, Any]:
     if not entry:
         errors.append(f"[{where}] sets no limit: give one of {', '.join(CEILING_LIMITS)}")
     entry["burst_s"] = bounded("burst_s")
+    entry["jitter_s"] = bounded("jitter_s")
     entry["headroom"] = bounded("headroom")
     charge = c.get("output_charge", _CEILING["output_charge"].default)
     if charge not in _CEILING["output_charge"].choices:

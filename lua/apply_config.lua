@@ -22,7 +22,7 @@
            too: every name in the catalog, no pool its own alternative, never off the EU route.
   Each pool's plane settings (depth_limit, retry_budget, retry_refill_per_s, health_required,
   health_max_age) are stored in the field `planes` (fence.lua).
-  The policy's `ceilings` ({name: {rpm, tpm, itpm, otpm, rpd, tpd, burst_s, headroom,
+  The policy's `ceilings` ({name: {rpm, tpm, itpm, otpm, rpd, tpd, burst_s, jitter_s, headroom,
   output_charge, cache_reads_count}}) and each pool's `ceilings` (its scope's name) are stored in
   the field `ceilings` as {scopes, pools} (ceilings.lua); every limit a positive finite number.
   The policy's `pins` ({lanes, agents}) and `agents` (agent -> lane) are stored with the
@@ -112,14 +112,15 @@ return function()
       sc[l] = v
     end
     need(next(sc) ~= nil, 'ceilings.' .. name .. ' sets no limit (rpm, tpm, itpm, otpm, rpd or tpd)')
-    local burst, headroom = c.burst_s or 1, c.headroom or 0.97
+    local burst, headroom, jitter = c.burst_s or 1, c.headroom or 0.97, c.jitter_s or 0.05
     need(finite(burst) and burst >= 0.001 and burst <= 3600, 'ceilings.' .. name .. '.burst_s must be in [0.001, 3600]')
+    need(finite(jitter) and jitter >= 0 and jitter <= 60, 'ceilings.' .. name .. '.jitter_s must be in [0, 60]')
     need(finite(headroom) and headroom > 0 and headroom <= 1, 'ceilings.' .. name .. '.headroom must be in (0, 1]')
     local charge = c.output_charge or 'max_tokens'
     need(charge == 'max_tokens' or charge == 'received', 'ceilings.' .. name .. '.output_charge must be max_tokens or received')
     need(c.cache_reads_count == nil or type(c.cache_reads_count) == 'boolean',
       'ceilings.' .. name .. '.cache_reads_count must be a boolean')
-    sc.burst_s, sc.headroom, sc.output_charge, sc.cache_reads_count = burst, headroom, charge, c.cache_reads_count == true
+    sc.burst_s, sc.jitter_s, sc.headroom, sc.output_charge, sc.cache_reads_count = burst, jitter, headroom, charge, c.cache_reads_count == true
     scopes[name] = sc
   end
   local names, planes = {}, {}

@@ -98,7 +98,7 @@ FULL = {
                       "health_every": 5, "health_required": True, "health_url": "http://127.0.0.1:9/metrics",
                       "tier": "t", "tokens": 100}},
     "ceilings": {"s": {"rpm": 60, "tpm": 1e5, "itpm": 1e5, "otpm": 1e4, "rpd": 1e4, "tpd": 1e7, "burst_s": 2,
-                       "headroom": 0.9, "output_charge": "received", "cache_reads_count": True}},
+                       "jitter_s": 0.1, "headroom": 0.9, "output_charge": "received", "cache_reads_count": True}},
     "clock": "caller", "tiers": {"t": ["m"]}, "alternatives": {"m": []},
     "pins": {"lanes": ["a"], "agents": ["x"]}, "agents": {"x": "a"},
 }

@@ -24,10 +24,10 @@ def ceil_policy(key=None, other=None, **tunables):
     """P on the scope `key` (its limits: `key`), Q on `other` (None: Q has no ceilings); Q is
     P's alternative."""
     pol = policy(LANES, pools=(P, Q), **{"seed_estimate": 8, **tunables})
-    pol["ceilings"] = {"key": {"headroom": 1, **(key or {"rpm": 60})}}
+    pol["ceilings"] = {"key": {"headroom": 1, "jitter_s": 0, **(key or {"rpm": 60})}}
     pol["pools"][P]["ceilings"] = "key"
     if other is not None:
-        pol["ceilings"]["other"] = {"headroom": 1, **other}
+        pol["ceilings"]["other"] = {"headroom": 1, "jitter_s": 0, **other}
         pol["pools"][Q]["ceilings"] = "other"
     pol["alternatives"] = {P: [Q]}
     return pol
@@ -71,6 +71,25 @@ def test_a_request_bucket_holds_burst_s_of_rate(redis_client):
     d = ask(T0)
     assert d.reason == "ceiling-rpm" and d.wait_s == pytest.approx(1)
     assert ask(T0 + 1).admitted
+
+
+def test_the_request_bucket_keeps_jitter_s_of_its_burst_as_room(redis_client):
+    # ten a second, one second held: a call may reach the provider 0.5 s off its admit's spacing,
+    # so five of the ten are kept as room
+    a = adm(redis_client, pol=ceil_policy({"rpm": 600, "jitter_s": 0.5}))
+    ask = Ask(a)
+    assert all(ask(T0).admitted for _ in range(5))
+    d = ask(T0)
+    assert d.reason == "ceiling-rpm" and d.wait_s == pytest.approx(0.1)   # the rate is untouched
+
+
+def test_a_one_request_bucket_spaces_its_calls_jitter_s_further_apart(redis_client):
+    a = adm(redis_client, pol=ceil_policy({"rpm": 60, "jitter_s": 0.05}))   # one a second, one held
+    ask = Ask(a)
+    assert ask(T0).admitted
+    d = ask(T0 + 1)
+    assert d.reason == "ceiling-rpm" and d.wait_s == pytest.approx(0.05)
+    assert ask(T0 + 1.05).admitted
 
 
 def test_a_round_larger_than_a_bucket_passes_when_it_is_full(redis_client):
@@ -232,12 +251,12 @@ def test_a_pool_without_ceilings_keeps_no_ceiling_state(redis_client):
 
 def test_bad_ceilings_in_a_policy_are_all_reported_and_change_nothing(redis_client):
     a = adm(redis_client, pol=ceil_policy({"rpm": 60}))
-    bad = ceil_policy({"rpm": -1, "tpm": math.nan, "headroom": 1.5, "output_charge": "later"})
+    bad = ceil_policy({"rpm": -1, "tpm": math.nan, "headroom": 1.5, "output_charge": "later", "jitter_s": -0.1})
     bad["pools"][Q]["ceilings"] = "nowhere"
     found = policy_mod.problems(bad)
     text = " ".join(found)
     for word in ("ceilings.key.rpm", "ceilings.key.tpm", "ceilings.key.headroom", "ceilings.key.output_charge",
-                 "nowhere"):
+                 "ceilings.key.jitter_s", "nowhere"):
         assert word in text, (word, found)
     before = snapshot(redis_client)
     with pytest.raises(PolicyError):
@@ -248,6 +267,11 @@ def test_bad_ceilings_in_a_policy_are_all_reported_and_change_nothing(redis_clie
     for limit in (-1, float("nan"), 0):
         raw = {**good, "ceilings": {"key": {**good["ceilings"]["key"], "rpm": limit}}}
         with pytest.raises(PolicyError, match="rpm"):
+            a._exec(a.core.apply(raw, now=T0))
+        assert snapshot(redis_client) == before
+    for jitter in (-1, float("inf"), 61):
+        raw = {**good, "ceilings": {"key": {**good["ceilings"]["key"], "jitter_s": jitter}}}
+        with pytest.raises(PolicyError, match="jitter_s"):
             a._exec(a.core.apply(raw, now=T0))
         assert snapshot(redis_client) == before
 
@@ -271,8 +295,8 @@ def test_a_usage_beyond_the_bound_is_an_error_and_changes_nothing(redis_client):
 def test_config_show_lists_the_ceilings(redis_client):
     a = adm(redis_client, pol=ceil_policy({"rpm": 60, "tpm": 1000}))
     shown = a.policy()
-    assert shown["ceilings"]["key"] == {"rpm": 60.0, "tpm": 1000.0, "burst_s": 1.0, "headroom": 1.0,
-                                        "output_charge": "max_tokens", "cache_reads_count": False}
+    assert shown["ceilings"]["key"] == {"rpm": 60.0, "tpm": 1000.0, "burst_s": 1.0, "jitter_s": 0.0,
+                                        "headroom": 1.0, "output_charge": "max_tokens", "cache_reads_count": False}
     assert next(p for p in shown["pools"] if p["name"] == P)["ceilings"] == "key"
 
 

@@ -23,7 +23,7 @@ LANES = {"a": {"floor": 0, "weight": 1, "priority": 1}}
 
 def ceil_policy(key=None, **tunables):
     pol = policy(LANES, pools=(P, Q), **{"seed_estimate": 8, **tunables})
-    pol["ceilings"] = {"key": {"headroom": 1, **(key or {"tpm": 100_000})}}
+    pol["ceilings"] = {"key": {"headroom": 1, "jitter_s": 0, **(key or {"tpm": 100_000})}}
     pol["pools"][P]["ceilings"] = "key"
     return pol
 
@@ -93,6 +93,21 @@ def test_a_fresh_reading_lowers_a_bucket_to_what_remains_never_raises_it(redis_c
     assert refused.reason == "ceiling-tpm"
 
 
+def test_a_reading_teaches_the_request_bucket_the_provider_s_burst(redis_client):
+    a = adm(redis_client, pol=ceil_policy({"rpm": 600}))        # ten a second, burst_s 1: ten held
+    ask = Ask(a)
+    d = ask(T0)
+    # the provider's bucket: nothing left (a whole count: under one), full again in 0.1 s, so it
+    # holds at most 0.2 s of its rate
+    said = Reading(T0, {"rpm": Limit("rpm", 600, 0, 0.1, 0.0)})
+    a.release(d.seat, now=T0, reading=said)
+    assert float(scope_state(redis_client)["learned:burst"]) == pytest.approx(0.2)
+    d = ask(T0 + 10)
+    assert d.admitted and level(redis_client, "rpm") == pytest.approx(1)    # two held, not ten
+    a.release(d.seat, now=T0 + 10, reading=Reading(T0 + 10, {"rpm": Limit("rpm", 600, 5, 1.0, 0.0)}))
+    assert float(scope_state(redis_client)["learned:burst"]) == pytest.approx(0.2)  # the least shown
+
+
 def test_a_pool_without_configured_ceilings_learns_a_scope_of_its_own(redis_client):
     a = adm(redis_client, pol=ceil_policy())
     ask = Ask(a)
@@ -102,8 +117,9 @@ def test_a_pool_without_configured_ceilings_learns_a_scope_of_its_own(redis_clie
     state = scope_state(redis_client, Q)                                        # the scope is the pool's name
     assert state["learned:rpm"] == "60" and float(state["rpm"]) == 0 and float(state["tpm"]) == 50_000
     d = ask(T0, pool=Q)
-    assert d.reason == "ceiling-rpm" and d.wait_s == pytest.approx(1 / 0.97)   # the default headroom
-    d = ask(T0 + 1 / 0.97, pool=Q, input_tokens=1000, max_tokens=0)
+    # the default headroom and jitter_s: one request, spaced 1 / 0.97 s and 0.05 s more
+    assert d.reason == "ceiling-rpm" and d.wait_s == pytest.approx(1 / 0.97 + 0.05)
+    d = ask(T0 + 1 / 0.97 + 0.05, pool=Q, input_tokens=1000, max_tokens=0)
     assert d.admitted and redis_client.hget(f"adm:{{t}}:seat:{d.seat.id}", "cScope") == Q.encode()
     a.release(d.seat, now=T0 + 2, usage=Usage(input_tokens=400))
     assert float(scope_state(redis_client, Q)["meanIn"]) == 400                # reconciled like a configured one

@@ -12,6 +12,8 @@
 --     closedUntil why   a daily bucket ran out: the scope's pools are closed until midnight UTC
 --                       (why: rpd or tpd); the next call after midnight reopens it
 --     learned:<limit>   the provider's own limit, from its rate-limit headers (readings.lua)
+--     learned:burst     the provider's request bucket's burst (s of its rate), the least its
+--                       headers have shown (readings.lua): the request bucket's burst_s when smaller
 --     readAt            the time of the newest reading learned from (an older one, replayed
 --                       from an outbox, learns no limit)
 --     net:<limit> netAt low:<limit>
@@ -34,7 +36,9 @@
 -- provider's, the lower. A pool without a configured scope learns one from the headers alone:
 -- its scope is the pool's own name (scope_for), with the default headroom and burst.
 -- Buckets: a per-minute one refills limit x headroom / 60 per second; its capacity is burst_s
--- seconds of rate for requests (at least one request) and one minute's worth for tokens. A
+-- seconds of rate for requests (at least one request; less jitter_s of rate, the spread of the
+-- delay between an admit and its call's arrival, or, with less than one request left, that much
+-- longer between calls) and one minute's worth for tokens. A
 -- daily one holds limit x headroom and is full again at 00:00 UTC. A round needs min(cost,
 -- capacity) of each: a round larger than a bucket passes when the bucket is full.
 --- @include "ceiluse"
@@ -61,7 +65,7 @@ local REASON = {rpm = 'ceiling-rpm', tpm = 'ceiling-tpm', itpm = 'ceiling-itpm',
 -- output counted as produced when the provider announces an output ceiling (Anthropic's
 -- otpm), else on arrival as max_tokens (OpenAI, Azure).
 local function learned_config(h)
-  return {headroom = 0.97, burst_s = 1, cache_reads_count = false,
+  return {headroom = 0.97, burst_s = 1, jitter_s = 0.05, cache_reads_count = false,
     output_charge = h['learned:otpm'] and 'received' or 'max_tokens'}
 end
 
@@ -92,7 +96,9 @@ local function load_scope(cfg, name, now, full)
   local net_at = h.netAt and tonumber(h.netAt)
   local net_on = net_at ~= nil and now - net_at <= NET_WINDOW
   local new_day = tonumber(h.day) ~= day
-  local headroom, burst = c.headroom, c.burst_s
+  local headroom, burst, jitter = c.headroom, c.burst_s, c.jitter_s or 0 -- (a policy stored before jitter_s: none)
+  local learned_burst = h['learned:burst'] and tonumber(h['learned:burst'])
+  if learned_burst and learned_burst < burst then burst = learned_burst end -- the provider's, when smaller
   local level, rate, cap, hold = per_limit(), per_limit(), per_limit(), per_limit()
   local b = {name = name, c = c, now = now, day = day, new_day = new_day, level = level, rate = rate, cap = cap,
     hold = hold, netAt = net_at, meanIn = h.meanIn and tonumber(h.meanIn), meanOut = h.meanOut and tonumber(h.meanOut),
@@ -115,7 +121,13 @@ local function load_scope(cfg, name, now, full)
       local r, cp = 0, eff
       if not daily then
         r = eff / 60
-        if REQUESTS[l] then cp = math.max(1, r * burst) end
+        if REQUESTS[l] then
+          -- a call reaches the provider up to jitter_s later or sooner than its admit's spacing
+          -- says: the bucket keeps that much of its burst as room, or, with less than one
+          -- request left, spaces the calls jitter_s further apart
+          local room = r * (burst - jitter)
+          if room >= 1 then cp = room else cp, r = 1, 1 / (1 / r + jitter) end
+        end
       end
       if full then b.gross[l] = r end
       if net_on and not daily then -- the outside traffic takes its share of the refill

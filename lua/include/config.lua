@@ -16,7 +16,7 @@
 --   planes    JSON object: pool -> {depthLimit, retryBudget, refill, healthRequired, healthMaxAge}
 --             (the fence between planes, fence.lua)
 --   ceilings  JSON object: scopes {name: {rpm, tpm, itpm, otpm, rpd, tpd (each optional), burst_s,
---             headroom, output_charge, cache_reads_count}}, pools {pool: scope} (ceilings.lua)
+--             jitter_s, headroom, output_charge, cache_reads_count}}, pools {pool: scope} (ceilings.lua)
 --
 -- The library keeps the decoded policy per mesh across calls: a call reads the token (and the
 -- pool's provider) and decodes the policy again only when the token changed. State decides:

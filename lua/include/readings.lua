@@ -4,6 +4,10 @@
 --   learned:<limit>  the provider's limit, from the newest reading (a reading older than
 --                    readAt, one replayed from an outbox, learns no limit)
 --   readAt           that reading's time (at most the call's now)
+--   learned:burst    the provider's request bucket's burst, in seconds of its rate: what a
+--                    reading says remains (a whole count, floored: one more) plus what refills
+--                    until its reset, over the rate; the least any reading has shown (the
+--                    request bucket's burst_s when smaller, ceilings.lua)
 -- A fresh reading (|now - at| < FRESH_S on the server's clock) also lowers each bucket to what
 -- the provider says remains, minus its rounding; never raises it. The provider counted its
 -- `remaining` at `at`; the rounds this mesh admitted since are debited from our level but not
@@ -87,7 +91,8 @@ end
 -- here): the provider's limits (a limit of 0 says nothing), then, fresh, the remainings.
 local function learn(cfg, scope, r, now)
   local k = key('ceil', scope)
-  local read_at = tonumber(redis.call('HGET', k, 'readAt'))
+  local old = redis.call('HMGET', k, 'readAt', 'learned:burst')
+  local read_at = tonumber(old[1])
   if not read_at or r.at >= read_at then
     local args = {'readAt', fmt(math.min(r.at, now))}
     for l, x in pairs(r.limits) do
@@ -95,6 +100,13 @@ local function learn(cfg, scope, r, now)
         args[#args + 1] = 'learned:' .. l
         args[#args + 1] = fmt(x.limit)
       end
+    end
+    local x = r.limits.rpm
+    if x and x.limit and x.limit > 0 and x.remaining and x.reset then
+      local burst = (x.remaining + math.max(1, x.rounding)) * 60 / x.limit + x.reset
+      burst = math.max(0.001, math.min(burst, 3600)) -- burst_s's bounds
+      local was = tonumber(old[2])
+      if not was or burst < was then push(args, 'learned:burst', fmt(burst)) end
     end
     if #args > 2 then redis.call('HSET', k, unpack(args)) end
     -- a pool that configures no scope learns one named after it: its admits find it by this mark

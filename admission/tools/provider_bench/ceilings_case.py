@@ -35,7 +35,8 @@ from ..servers import LocalServer
 from ..sim import ceilings as C
 from ..tables import table
 from .ceilings_pods import CEILING_MESH, CeilingPods
-from .ceilings_settings import (ALT_MODEL, KEYS, LABELS, MAX_TOKENS, SCOPE, WARMUP_MINUTES, CeilingSettings, Key,
+from .ceilings_settings import (ALT_MODEL, KEYS, LABELS, MAX_TOKENS, SCOPE, WARMUP_MINUTES, WARMUP_MODEL,
+                                CeilingSettings, Key,
                                 admission_policy, effective_limits)
 from .settings import MODEL, POOL
 
@@ -130,7 +131,8 @@ def _row(contender: str, key: Key, s: CeilingSettings, stats: dict[str, Any], m0
             "provider_429_by": {k: int(v) for k, v in c["429"].items()},
             "used_pct": used_pct, "binding": binding,
             "binding_used_pct": shares.get(binding) if binding else None,
-            "rounds": int(total.get("completions", 0)),
+            "rounds": int(total.get("completions", 0))
+            - int(stats["models"].get(WARMUP_MODEL, {}).get("completions", 0)),
             "client_done": sum(r["done"] for r in reports)}
 
 

@@ -90,6 +90,8 @@ class CeilingSettings:
 #: a daily key's alternative: another model of the fake provider (a key and scope of its own)
 ALT_MODEL = "m-alt"
 ALT_POOL = f"{ALT_MODEL}@{PROVIDER}"
+#: the model each pod calls once before the start (ceilings_pods.warm_up): buckets of its own
+WARMUP_MODEL = "m-warmup"
 
 
 def admission_policy(key: Key, s: CeilingSettings, contender: str) -> dict[str, Any]:
