@@ -417,8 +417,9 @@ def _provider(name: str, p: Any) -> dict[str, Any]:
 
 def _ceiling(name: str, c: Any) -> dict[str, Any]:
     """One ``[ceilings.<name>]`` scope: at least one limit, each a positive finite number (at
-    most 1e12); burst_s in [0.001, 3600] (default 1), jitter_s in [0, 60] (default 0.05), headroom in (0, 1] (default 0.97),
-    output_charge (default max_tokens), cache_reads_count (default false)."""
+    most 1e12); burst_s in [0.001, 3600] (default 1), jitter_s in [0, 60] (default 0.05),
+    headroom in (0, 1] (default 0.97), output_charge (default max_tokens), cache_reads_count
+    (default false)."""
     where = f"ceilings.{name}"
     _name("[ceilings]", name)
     c = _table(f"[{where}]", c)

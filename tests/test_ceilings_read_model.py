@@ -51,6 +51,16 @@ def test_a_scope_shows_its_configured_learned_and_effective_limits(redis_client)
     assert other["learned"] == 7 and "configured" not in other and "level" not in other
 
 
+def test_a_learned_burst_is_no_limit_of_its_own(redis_client):
+    from admission.ratelimits import Limit, Reading
+    a = adm(redis_client, pol=ceil_policy({"rpm": 600}))         # ten a second, burst_s 1: ten held
+    d = Ask(a)(T0)
+    a.release(d.seat, now=T0, reading=Reading(T0, {"rpm": Limit("rpm", 600, 0, 0.1, 0.0)}))
+    c = scope(census(a, T0 + 10))
+    assert [l["limit"] for l in c["limits"]] == ["rpm"]           # the provider's burst: 0.2 s of its rate
+    assert limit(c, "rpm")["capacity"] == pytest.approx(2)
+
+
 def test_a_pool_without_ceilings_lists_no_scope(redis_client):
     a = adm(redis_client, pol=policy())
     doc = census(a, T0)

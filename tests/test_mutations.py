@@ -84,7 +84,7 @@ MUTATIONS = [
     ('ceilings learned: the effective ceiling is times headroom', 'include/ceilings.lua', 'local daily, eff = DAILY[l], value * headroom', 'local daily, eff = DAILY[l], value', 'test_rules_ceilings_learned.py', 'lower_of_configured or scope_of_its_own'),
     ('ceilings learned: a header limit is kept per kind', 'include/readings.lua', "args[#args + 1] = 'learned:' .. l", "args[#args + 1] = 'learned'", 'test_rules_ceilings_learned.py', 'lower_of_configured or lowered_limit'),
     ("ceilings learned: the provider's burst is the least a reading has shown", 'include/readings.lua', 'if not was or burst < was then', 'if true then', 'test_rules_ceilings_learned.py', 'provider_s_burst'),
-    ("ceilings learned: the provider's burst, from what remains and its reset", 'include/readings.lua', "push(args, 'learned:burst', fmt(burst))", '', 'test_rules_ceilings_learned.py', 'provider_s_burst'),
+    ("ceilings learned: the provider's burst, from what remains and its reset", 'include/readings.lua', "push(args, 'learnedBurst', fmt(burst))", '', 'test_rules_ceilings_learned.py', 'provider_s_burst'),
     ('ceilings learned: a fresh reading lowers a bucket to what remains', 'include/readings.lua', 'if gap > 0 then b.level[l], lowered = left, true end', '', 'test_rules_ceilings_learned.py', 'fresh_reading'),
     ('ceilings learned: a reading never raises a bucket', 'include/readings.lua', 'if gap > 0 then b.level[l]', 'if true then b.level[l]', 'test_rules_ceilings_learned.py', 'fresh_reading'),
     ('ceilings learned: what remains minus its rounding', 'include/readings.lua', 'local left = math.max(0, x.remaining - x.rounding)', 'local left = math.max(0, x.remaining)', 'test_rules_ceilings_learned.py', 'fresh_reading'),

@@ -101,11 +101,11 @@ def test_a_reading_teaches_the_request_bucket_the_provider_s_burst(redis_client)
     # holds at most 0.2 s of its rate
     said = Reading(T0, {"rpm": Limit("rpm", 600, 0, 0.1, 0.0)})
     a.release(d.seat, now=T0, reading=said)
-    assert float(scope_state(redis_client)["learned:burst"]) == pytest.approx(0.2)
+    assert float(scope_state(redis_client)["learnedBurst"]) == pytest.approx(0.2)
     d = ask(T0 + 10)
     assert d.admitted and level(redis_client, "rpm") == pytest.approx(1)    # two held, not ten
     a.release(d.seat, now=T0 + 10, reading=Reading(T0 + 10, {"rpm": Limit("rpm", 600, 5, 1.0, 0.0)}))
-    assert float(scope_state(redis_client)["learned:burst"]) == pytest.approx(0.2)  # the least shown
+    assert float(scope_state(redis_client)["learnedBurst"]) == pytest.approx(0.2)  # the least shown
 
 
 def test_a_pool_without_configured_ceilings_learns_a_scope_of_its_own(redis_client):

@@ -12,8 +12,9 @@
 --     closedUntil why   a daily bucket ran out: the scope's pools are closed until midnight UTC
 --                       (why: rpd or tpd); the next call after midnight reopens it
 --     learned:<limit>   the provider's own limit, from its rate-limit headers (readings.lua)
---     learned:burst     the provider's request bucket's burst (s of its rate), the least its
---                       headers have shown (readings.lua): the request bucket's burst_s when smaller
+--     learnedBurst      the provider's request bucket's burst (s of its rate), the least its
+--                       headers have shown (readings.lua): the request bucket's burst_s when
+--                       smaller (not learned:<limit>: no limit of its own in the read model)
 --     readAt            the time of the newest reading learned from (an older one, replayed
 --                       from an outbox, learns no limit)
 --     net:<limit> netAt low:<limit>
@@ -38,8 +39,8 @@
 -- Buckets: a per-minute one refills limit x headroom / 60 per second; its capacity is burst_s
 -- seconds of rate for requests (at least one request; less jitter_s of rate, the spread of the
 -- delay between an admit and its call's arrival, or, with less than one request left, that much
--- longer between calls) and one minute's worth for tokens. A
--- daily one holds limit x headroom and is full again at 00:00 UTC. A round needs min(cost,
+-- longer between calls) and one minute's worth for tokens. A daily one holds limit x headroom
+-- and is full again at 00:00 UTC. A round needs min(cost,
 -- capacity) of each: a round larger than a bucket passes when the bucket is full.
 --- @include "ceiluse"
 --- @include "events"
@@ -97,7 +98,7 @@ local function load_scope(cfg, name, now, full)
   local net_on = net_at ~= nil and now - net_at <= NET_WINDOW
   local new_day = tonumber(h.day) ~= day
   local headroom, burst, jitter = c.headroom, c.burst_s, c.jitter_s or 0 -- (a policy stored before jitter_s: none)
-  local learned_burst = h['learned:burst'] and tonumber(h['learned:burst'])
+  local learned_burst = h.learnedBurst and tonumber(h.learnedBurst)
   if learned_burst and learned_burst < burst then burst = learned_burst end -- the provider's, when smaller
   local level, rate, cap, hold = per_limit(), per_limit(), per_limit(), per_limit()
   local b = {name = name, c = c, now = now, day = day, new_day = new_day, level = level, rate = rate, cap = cap,

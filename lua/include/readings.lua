@@ -4,7 +4,7 @@
 --   learned:<limit>  the provider's limit, from the newest reading (a reading older than
 --                    readAt, one replayed from an outbox, learns no limit)
 --   readAt           that reading's time (at most the call's now)
---   learned:burst    the provider's request bucket's burst, in seconds of its rate: what a
+--   learnedBurst     the provider's request bucket's burst, in seconds of its rate: what a
 --                    reading says remains (a whole count, floored: one more) plus what refills
 --                    until its reset, over the rate; the least any reading has shown (the
 --                    request bucket's burst_s when smaller, ceilings.lua)
@@ -91,7 +91,7 @@ end
 -- here): the provider's limits (a limit of 0 says nothing), then, fresh, the remainings.
 local function learn(cfg, scope, r, now)
   local k = key('ceil', scope)
-  local old = redis.call('HMGET', k, 'readAt', 'learned:burst')
+  local old = redis.call('HMGET', k, 'readAt', 'learnedBurst')
   local read_at = tonumber(old[1])
   if not read_at or r.at >= read_at then
     local args = {'readAt', fmt(math.min(r.at, now))}
@@ -106,7 +106,7 @@ local function learn(cfg, scope, r, now)
       local burst = (x.remaining + math.max(1, x.rounding)) * 60 / x.limit + x.reset
       burst = math.max(0.001, math.min(burst, 3600)) -- burst_s's bounds
       local was = tonumber(old[2])
-      if not was or burst < was then push(args, 'learned:burst', fmt(burst)) end
+      if not was or burst < was then push(args, 'learnedBurst', fmt(burst)) end
     end
     if #args > 2 then redis.call('HSET', k, unpack(args)) end
     -- a pool that configures no scope learns one named after it: its admits find it by this mark
