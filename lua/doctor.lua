@@ -25,7 +25,7 @@
     declared a size (the cap line's index), and pool:<p> `sized` counts them; a seat that
     reserved against a rate-ceiling scope holds its reservation as counts (cIn, cOut >= 0), and
     every bucket level of a scope of the policy (ceil:<scope>) is a number, and so are its read
-    model's use and accuracy counts (ceiluse.lua; the accuracy bins at least 0).
+    model's use and accuracy counts (ceiluse:<scope>, ceiluse.lua; the accuracy bins at least 0).
 
   Reply: JSON {ok, seats, tickets, problems: [{kind, ...}]} (kinds: seat-without-record,
     ticket-without-record, seat-not-leased, ticket-not-leased, bad-record, seat-and-ticket,
@@ -298,15 +298,15 @@ return function()
       local v = h[l] and tonumber(h[l])
       if h[l] and (not v or v ~= v) then problem('not-a-number', {key = 'ceil:' .. name, field = l, value = h[l]}) end
     end
-    local counts = {}
-    for f in pairs(h) do
+    local use, counts = read_hash(key('ceiluse', name)) or {}, {}
+    for f in pairs(use) do
       if USE_FIELDS[f] or string.match(f, '^acc') then counts[#counts + 1] = f end
     end
     table.sort(counts)
     for _, f in ipairs(counts) do
-      local v = tonumber(h[f])
+      local v = tonumber(use[f])
       if not v or v ~= v or (string.match(f, '^acc') and v < 0) then
-        problem('not-a-number', {key = 'ceil:' .. name, field = f, value = h[f]})
+        problem('not-a-number', {key = 'ceiluse:' .. name, field = f, value = use[f]})
       end
     end
   end

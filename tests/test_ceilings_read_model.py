@@ -91,12 +91,14 @@ def test_use_over_the_last_minute_slides(redis_client):
     a = adm(redis_client, pol=ceil_policy({"tpm": 60000, "output_charge": "received"}))
     ask = Ask(a)
     d = ask(MINUTE + 30, input_tokens=1000, max_tokens=1000)
-    assert scope(census(a, MINUTE + 40))["usedLastMinute"] == {"requests": 1, "tokens": 2000}
-    a.release(d.seat, now=MINUTE + 50, usage={"input_tokens": 1000, "output_tokens": 200})   # 800 refunded
+    c = scope(census(a, MINUTE + 40))          # in flight: reserved, not yet counted by the provider
+    assert c["usedLastMinute"] == {"requests": 0, "tokens": 0} and c["reservedTokens"] == 2000
+    a.release(d.seat, now=MINUTE + 50, usage={"input_tokens": 1000, "output_tokens": 200})   # what it counted
     assert scope(census(a, MINUTE + 50))["usedLastMinute"] == {"requests": 1, "tokens": 1200}
     half = scope(census(a, MINUTE + 90))["usedLastMinute"]          # half of that minute still inside
     assert half["requests"] == pytest.approx(0.5) and half["tokens"] == pytest.approx(600)
-    ask(MINUTE + 90, input_tokens=100, max_tokens=0)
+    d = ask(MINUTE + 90, input_tokens=100, max_tokens=0)
+    a.release(d.seat, now=MINUTE + 90, usage={"input_tokens": 100, "output_tokens": 0})
     both = scope(census(a, MINUTE + 90))["usedLastMinute"]
     assert both["requests"] == pytest.approx(1.5) and both["tokens"] == pytest.approx(700)
     assert scope(census(a, MINUTE + 181))["usedLastMinute"] == {"requests": 0, "tokens": 0}
@@ -167,10 +169,10 @@ def test_reservation_accuracy_is_the_median_and_p95_of_counted_over_reserved(red
 
 def test_the_accuracy_histogram_stays_bounded(redis_client):
     a = adm(redis_client, pol=ceil_policy({"tpm": 10 ** 7, "output_charge": "received"}))
-    redis_client.hset("adm:{t}:ceil:key", mapping={"acc:0": 990, "acc:8": 9, "accN": 999})
+    redis_client.hset("adm:{t}:ceiluse:key", mapping={"acc:0": 990, "acc:8": 9, "accN": 999})
     d = Ask(a)(T0, input_tokens=100, max_tokens=0)
     a.release(d.seat, now=T0, usage={"input_tokens": 100, "output_tokens": 0})
-    state = redis_client.hgetall("adm:{t}:ceil:key")
+    state = redis_client.hgetall("adm:{t}:ceiluse:key")
     assert (float(state[b"acc:0"]), float(state[b"acc:8"]), float(state[b"accN"])) == (495, 4, 499)
     assert scope(census(a, T0))["accuracy"]["samples"] == 499
 
@@ -182,7 +184,7 @@ def test_the_census_line_per_scope(redis_client):
     ask(T0, input_tokens=1000, max_tokens=500)                        # refused on rpm
     line = next(l for l in render_census(census(a, T0)).splitlines() if l.startswith("ceilings"))
     assert line == ("ceilings key (m@p): rpm 0/60 (configured 60), tpm 4500/6000 (configured 6000); "
-                    "in flight 1 req 1500 tok; last minute 1 req 1500 tok; next in 1.0s; refused rpm 1")
+                    "in flight 1 req 1500 tok; last minute 0 req 0 tok; next in 1.0s; refused rpm 1")
 
 
 def test_the_doctor_checks_the_read_model_counts(redis_client):
@@ -190,10 +192,23 @@ def test_the_doctor_checks_the_read_model_counts(redis_client):
     d = Ask(a)(T0, input_tokens=10, max_tokens=10)
     a.release(d.seat, now=T0, usage={"input_tokens": 10, "output_tokens": 10})
     assert doctor.check(redis_client, "t").ok
-    redis_client.hset("adm:{t}:ceil:key", mapping={"useTok": "x", "acc:3": "-1"})
-    found = {(p["kind"], p["field"]) for p in doctor.check(redis_client, "t").problems}
-    assert found == {("not-a-number", "useTok"), ("not-a-number", "acc:3")}
-    redis_client.hdel("adm:{t}:ceil:key", "useTok", "acc:3")
+    redis_client.hset("adm:{t}:ceiluse:key", mapping={"useTok": "x", "acc:3": "-1"})
+    found = {(p["kind"], p["key"], p["field"]) for p in doctor.check(redis_client, "t").problems}
+    assert found == {("not-a-number", "ceiluse:key", "useTok"), ("not-a-number", "ceiluse:key", "acc:3")}
+    redis_client.hdel("adm:{t}:ceiluse:key", "useTok", "acc:3")
+
+
+def test_the_admit_reads_no_read_model_field(redis_client):
+    # the use and the accuracy live in ceiluse:<scope>, written at a round's end: the admit reads
+    # the buckets' hash alone, and a hash from before that split loses its old fields at a round's end
+    a = adm(redis_client, pol=ceil_policy({"tpm": 60000}))
+    d = Ask(a)(T0, input_tokens=100, max_tokens=100)
+    assert not redis_client.exists("adm:{t}:ceiluse:key")
+    redis_client.hset("adm:{t}:ceil:key", mapping={"useMin": "1", "useReq": "9", "accN": "3", "acc:2": "3"})
+    a.release(d.seat, now=T0, usage={"input_tokens": 100, "output_tokens": 100})
+    fields = set(redis_client.hkeys("adm:{t}:ceil:key"))
+    assert not fields & {b"useMin", b"useReq", b"accN", b"acc:2"} and b"tpm" in fields
+    assert redis_client.hget("adm:{t}:ceiluse:key", "useReq") == b"1"
 
 
 # -- the CLI, /metrics and the page -------------------------------------------------------------

@@ -141,6 +141,28 @@ def test_a_lowered_limit_is_in_force_from_the_next_admit(redis_client):
     assert scope_state(redis_client, Q)["learned:tpm"] == "50000"                # learns no limit
 
 
+def test_a_kept_shape_follows_every_change_of_the_scope_s_fields(redis_client):
+    # the library keeps each scope's rates and capacities across calls (ceilings.lua shape_of): a
+    # field they derive from, changed by any writer (here by hand, as an older library would), is
+    # in force at the next admit
+    a = adm(redis_client, pol=ceil_policy({"tpm": 100_000, "rpm": 600}))
+    ask = Ask(a)
+    assert ask(T0, input_tokens=1_000, max_tokens=0).admitted
+    key = "adm:{t}:ceil:key"
+    redis_client.hset(key, mapping={"tpm": "1000", "learned:tpm": "6000"})      # 100 tokens a second
+    assert ask(T0 + 1, input_tokens=0, max_tokens=0).admitted
+    assert level(redis_client, "tpm") == pytest.approx(1_100)
+    redis_client.hset(key, mapping={"tpm": "1000", "hold:tpm": str(T0 + 10)})   # held: no refill before
+    assert ask(T0 + 2, input_tokens=0, max_tokens=0).admitted
+    assert level(redis_client, "tpm") == pytest.approx(1_000)
+    redis_client.hdel(key, "learned:tpm", "hold:tpm")                            # the configured one again
+    assert ask(T0 + 3, input_tokens=0, max_tokens=0).admitted
+    assert level(redis_client, "tpm") == pytest.approx(1_000 + 100_000 / 60)
+    a.ops.apply_policy(ceil_policy({"tpm": 60_000, "rpm": 600}), recovery_hold=False)  # and the policy's
+    assert ask(T0 + 1_000, input_tokens=0, max_tokens=0).admitted
+    assert level(redis_client, "tpm") == pytest.approx(60_000)
+
+
 @pytest.mark.parametrize("text", [
     "v=2;at=1", "at=1", "v=1", "v=1;at=abc", "v=1;at=nan", "v=1;at=-1", "v=1;at=1;tpm=1,2,3",
     "v=1;at=1;tpm=-5,,,0", "v=1;at=1;tpm=nan,,,0", "v=1;at=1;tpm=1e13,,,0", "v=1;at=1;tpm=1,,-1,0",

@@ -96,7 +96,7 @@ GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
     "admission_ceiling_outside_per_second": (CEIL, "Requests or tokens a second the fresh readings say a client outside the mesh takes from the ceiling (0: none learned)."),
     "admission_ceiling_held": (CEIL, "1 while the provider's 429 holds the ceiling's bucket empty until its reset, else 0."),
     "admission_ceiling_reserved": (("mesh", "scope", "unit"), "Requests and tokens reserved by the scope's rounds in flight."),
-    "admission_ceiling_used_last_minute": (("mesh", "scope", "unit"), "Requests and tokens the scope's buckets were debited over the last minute."),
+    "admission_ceiling_used_last_minute": (("mesh", "scope", "unit"), "Requests and tokens the provider counted over the last minute, for the calls whose rounds ended in it."),
     "admission_ceiling_wait_seconds": (SCOPE, "Seconds until a one-request round of the scope's mean size could pass (0: now)."),
     "admission_ceiling_closed": (SCOPE, "1 while a daily ceiling closes the scope's pools until midnight UTC, else 0."),
     "admission_ceiling_reading_age_seconds": (SCOPE, "Age of the last reading of the provider's rate-limit headers (absent: none)."),

@@ -6,7 +6,8 @@
 --               learned) x headroom), level, capacity, refillPerSecond, heldUntil (a 429's hold)
 --   reservedRequests reservedInputTokens reservedOutputTokens reservedTokens
 --               what the rounds in flight reserved (a sum over the seats, cScope cIn cOut)
---   usedLastMinute {requests, tokens}: debited over the sliding minute (ceiluse.lua)
+--   usedLastMinute {requests, tokens}: what the provider counted for the calls whose rounds ended
+--               in the sliding minute (ceiluse.lua; the rounds in flight: the reserved counts)
 --   reading     the last header reading (absent: none): at, ageSeconds, remaining {limit: n}
 --               (ceil:<scope> readAt, remaining:<limit>)
 --   waitSeconds how long until a one-request round of the scope's mean size could pass (0: now)
@@ -17,7 +18,7 @@
 --- @include "util"
 local LIMITS, REASON, cost = Ceilings.LIMITS, Ceilings.REASON, Ceilings.cost
 local load_scope, next_midnight, reservation = Ceilings.load_scope, Ceilings.next_midnight, Ceilings.reservation
-local accuracy, last_minute = Ceiluse.accuracy, Ceiluse.last_minute
+local accuracy, last_minute, load_use = Ceiluse.accuracy, Ceiluse.last_minute, Ceiluse.load_use
 local key = Util.key
 
 local DAILY = {rpd = true, tpd = true}
@@ -73,7 +74,7 @@ local function limits_of(b, now)
       local hold = b.hold[l] or 0
       rows[#rows + 1] = {limit = l, configured = conf, learned = learned, effective = eff * c.headroom,
         level = b.level[l], capacity = b.cap[l], refillPerSecond = b.rate[l],
-        outsidePerSecond = b.drain[l], heldUntil = hold > now and hold or nil}
+        outsidePerSecond = b.shape.drain[l], heldUntil = hold > now and hold or nil}
     end
   end
   return rows
@@ -123,16 +124,17 @@ local function ceilings_view(cfg, now)
   local reserved = reserved_by_scope()
   local view = {}
   for _, name in ipairs(names) do
-    local b = load_scope(cfg, name, now, true)
+    local b = load_scope(cfg, name, now)
     local pools = pools_of[name] or {}
     table.sort(pools)
     local r = reserved[name] or {n = 0, inp = 0, out = 0}
     local closed = b.closedUntil > now
+    local use = load_use(name).h
     view[#view + 1] = {scope = name, pools = pools, limits = limits_of(b, now),
       closedUntil = closed and b.closedUntil or 0, closedWhy = closed and b.why or '',
       reservedRequests = r.n, reservedInputTokens = r.inp, reservedOutputTokens = r.out,
-      reservedTokens = r.inp + r.out, usedLastMinute = last_minute(b.h, now), reading = reading_of(b.h, now),
-      waitSeconds = wait_of(b), refusals = refusals_of(cfg, pools), accuracy = accuracy(b.h)}
+      reservedTokens = r.inp + r.out, usedLastMinute = last_minute(use, now), reading = reading_of(b.h, now),
+      waitSeconds = wait_of(b), refusals = refusals_of(cfg, pools), accuracy = accuracy(use)}
   end
   return view
 end

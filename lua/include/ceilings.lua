@@ -31,8 +31,9 @@
 --                     the round adds its own (take.lua: cCalls calls in all, absent = 1, and
 --                     each call key that took); the release reconciles it once (the seat's
 --                     tombstone makes a replay count nothing)
---   useMin useReq useTok prevReq prevTok acc:<bin> accN
---                     the use per minute and the reservation accuracy, for the read model (ceiluse.lua)
+--   ceiluse:<scope>   the use per minute and the reservation accuracy, for the read model
+--                     (ceiluse.lua: a hash of its own, written at the rounds' ends; the admit reads
+--                     only the buckets')
 -- A limit's effective value is min(configured, learned) x headroom: the policy's or the
 -- provider's, the lower. A pool without a configured scope learns one from the headers alone:
 -- its scope is the pool's own name (scope_for), with the default headroom and burst.
@@ -45,7 +46,7 @@
 --- @include "ceiluse"
 --- @include "events"
 --- @include "util"
-local sample, tally = Ceiluse.sample, Ceiluse.tally
+local load_use, sample, save_use, tally = Ceiluse.load_use, Ceiluse.sample, Ceiluse.save_use, Ceiluse.tally
 local count, event = Events.count, Events.event
 local fmt, key = Util.fmt, Util.key
 
@@ -65,9 +66,13 @@ local REASON = {rpm = 'ceiling-rpm', tpm = 'ceiling-tpm', itpm = 'ceiling-itpm',
 -- A learned scope's configuration (no [ceilings.<name>] of its own): the policy's defaults;
 -- output counted as produced when the provider announces an output ceiling (Anthropic's
 -- otpm), else on arrival as max_tokens (OpenAI, Azure).
+-- (Two constant tables, read only: a scope's kept shape knows its configuration by identity.)
+local LEARNED_RECEIVED = {headroom = 0.97, burst_s = 1, jitter_s = 0.05, cache_reads_count = false,
+  output_charge = 'received'}
+local LEARNED_MAX_TOKENS = {headroom = 0.97, burst_s = 1, jitter_s = 0.05, cache_reads_count = false,
+  output_charge = 'max_tokens'}
 local function learned_config(h)
-  return {headroom = 0.97, burst_s = 1, jitter_s = 0.05, cache_reads_count = false,
-    output_charge = h['learned:otpm'] and 'received' or 'max_tokens'}
+  return h['learned:otpm'] and LEARNED_RECEIVED or LEARNED_MAX_TOKENS
 end
 
 -- Each limit's fields in the scope's hash (built once: a field name is not concatenated per call).
@@ -83,41 +88,34 @@ local function per_limit()
   return {rpm = nil, tpm = nil, itpm = nil, otpm = nil, rpd = nil, tpd = nil}
 end
 
--- The scope's buckets refilled to `now` (nothing written): b.level[limit], b.rate, b.cap,
--- b.hold per limit in force; nil for a scope with no bucket (a pool that has learned nothing
--- yet). `full` (the read model, readings.lua) adds per limit b.configured, b.learned, b.limit
--- (the limit in force), b.gross (the refill before the outside drain) and b.drain.
-local function load_scope(cfg, name, now, full)
-  local raw = redis.call('HGETALL', key('ceil', name))
-  local h = {}
-  for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
-  local c = cfg.ceilings[name] or learned_config(h)
-  local day = math.floor(now / 86400)
-  local at = tonumber(h.at) or now
-  local net_at = h.netAt and tonumber(h.netAt)
-  local net_on = net_at ~= nil and now - net_at <= NET_WINDOW
-  local new_day = tonumber(h.day) ~= day
+-- The fields a scope's shape derives from, besides the policy: what the readings learned and the
+-- provider's 429s held (readAt, low:<limit> and the levels are not: they change no rate).
+local SHAPE_F = {['learned:rpm'] = true, ['learned:tpm'] = true, ['learned:itpm'] = true,
+  ['learned:otpm'] = true, ['learned:rpd'] = true, ['learned:tpd'] = true, learnedBurst = true,
+  ['hold:rpm'] = true, ['hold:tpm'] = true, ['hold:itpm'] = true, ['hold:otpm'] = true, ['hold:rpd'] = true,
+  ['hold:tpd'] = true, ['net:rpm'] = true, ['net:tpm'] = true, ['net:itpm'] = true, ['net:otpm'] = true,
+  ['net:rpd'] = true, ['net:tpd'] = true}
+
+-- The scope's shape: the limits in force (in LIMITS order), each one's refill rate (per second)
+-- and capacity, its hold, and for the read model its gross refill (before the outside drain)
+-- and drain. A pure function of the policy `c`, the shape
+-- fields of the hash `h` and whether the drain applies (`net_on`).
+local function shape(c, h, net_on)
   local headroom, burst, jitter = c.headroom, c.burst_s, c.jitter_s or 0 -- (a policy stored before jitter_s: none)
   local learned_burst = h.learnedBurst and tonumber(h.learnedBurst)
   if learned_burst and learned_burst < burst then burst = learned_burst end -- the provider's, when smaller
-  local level, rate, cap, hold = per_limit(), per_limit(), per_limit(), per_limit()
-  local b = {name = name, c = c, now = now, day = day, new_day = new_day, level = level, rate = rate, cap = cap,
-    hold = hold, netAt = net_at, meanIn = h.meanIn and tonumber(h.meanIn), meanOut = h.meanOut and tonumber(h.meanOut),
-    n = tonumber(h.n) or 0, closedUntil = tonumber(h.closedUntil) or 0, why = h.why or '', h = h, extra = {}}
-  if full then b.configured, b.learned, b.limit, b.gross, b.drain = {}, {}, {}, {}, {} end
-  local any = false
+  local s = {list = {}, rate = per_limit(), cap = per_limit(), hold = per_limit(), gross = per_limit(),
+    drain = per_limit()}
   for i = 1, 6 do
     local l = LIMITS[i]
     local conf, learned = c[l], h[LEARNED_F[l]]
     if learned then learned = tonumber(learned) end
     local value = conf -- the limit in force: the lower of the configured and the learned one
     if learned and (not conf or learned < conf) then value = learned end
-    if full then b.configured[l], b.learned[l], b.limit[l] = conf, learned, value end
     if value then
-      any = true
-      -- its refill rate (per second) and capacity: a per-minute bucket refills limit x headroom / 60
-      -- a second and holds a minute's worth (requests: burst_s seconds of rate, at least one); a
-      -- daily one holds limit x headroom
+      s.list[#s.list + 1] = l
+      -- a per-minute bucket refills limit x headroom / 60 a second and holds a minute's worth
+      -- (requests: burst_s seconds of rate, at least one); a daily one holds limit x headroom
       local daily, eff = DAILY[l], value * headroom
       local r, cp = 0, eff
       if not daily then
@@ -130,27 +128,85 @@ local function load_scope(cfg, name, now, full)
           if room >= 1 then cp = room else cp, r = 1, 1 / (1 / r + jitter) end
         end
       end
-      if full then b.gross[l] = r end
+      s.gross[l] = r
       if net_on and not daily then -- the outside traffic takes its share of the refill
         local net = h[NET_F[l]]
         local drain = net and math.min(tonumber(net) or 0, (1 - MIN_NET) * r) or 0
         if drain > 0 then
           r = r - drain
-          if full then b.drain[l] = drain end
+          s.drain[l] = drain
         end
       end
-      local lv, hd = h[l], h[HOLD_F[l]]
-      hd = hd and tonumber(hd) or 0
-      lv = lv and tonumber(lv)
-      if lv == nil or (daily and new_day) then lv = cp -- new, or a new UTC day
-      elseif not daily then
-        local from = at > hd and at or hd
-        if now > from then lv = lv + (now - from) * r end
-      end
-      level[l], rate[l], cap[l], hold[l] = lv < cp and lv or cp, r, cp, hd
+      local hd = h[HOLD_F[l]]
+      s.rate[l], s.cap[l], s.hold[l] = r, cp, hd and tonumber(hd) or 0
     end
   end
-  return any and b or nil
+  s.n = #s.list
+  return s
+end
+
+-- Shapes kept across calls, per mesh and scope, with what they derive from: the scope's
+-- configuration (by identity: a policy decoded again is a new table), the shape fields' text and
+-- net_on. State decides: the same hash and policy give the
+-- same shape, kept or not (a stale one is never used: its key would differ).
+local SHAPES = {}
+
+local function shape_of(name, c, h, sig, net_on)
+  local mesh = SHAPES[KEYS[1]]
+  if not mesh then mesh = {}; SHAPES[KEYS[1]] = mesh end
+  local s = mesh[name]
+  if s and s.c == c and s.sig == sig and s.net_on == net_on then return s end
+  s = shape(c, h, net_on)
+  s.sig, s.net_on, s.c = sig, net_on, c
+  mesh[name] = s
+  return s
+end
+
+-- The current UTC day number and its text, kept: nearly every call is in the last one.
+local DAY, DAY_TEXT = nil, nil
+
+-- The scope's buckets refilled to `now` (nothing written): b.level[limit], and from its shape
+-- b.rate, b.cap, b.hold per limit in force and b.shape (read only: it is kept across calls);
+-- b.h the hash as stored (the learned means: text, read when a call needs them);
+-- nil for a scope with no bucket (a pool that has learned nothing yet).
+local function load_scope(cfg, name, now)
+  local k = key('ceil', name)
+  local raw = redis.call('HGETALL', k)
+  -- (the table made with room for the fields a scope holds: one grown key by key is rebuilt at
+  -- each power of two)
+  local h = {at = nil, day = nil, rpm = nil, tpm = nil, itpm = nil, otpm = nil, rpd = nil, tpd = nil,
+    meanIn = nil, meanOut = nil, n = nil, closedUntil = nil, why = nil, readAt = nil, learnedBurst = nil, netAt = nil}
+  local sig = '' -- the shape fields' text (shape_of)
+  for i = 1, #raw, 2 do
+    local f, v = raw[i], raw[i + 1]
+    h[f] = v
+    if SHAPE_F[f] then sig = sig .. f .. '=' .. v .. ' ' end
+  end
+  local c = cfg.ceilings[name] or learned_config(h)
+  local net_at = h.netAt and tonumber(h.netAt)
+  local net_on = net_at ~= nil and now - net_at <= NET_WINDOW
+  local s = shape_of(name, c, h, sig, net_on)
+  if s.n == 0 then return nil end
+  local day = math.floor(now / 86400)
+  if day ~= DAY then DAY, DAY_TEXT = day, fmt(day) end
+  local at = tonumber(h.at) or now
+  local new_day = h.day ~= DAY_TEXT
+  local level, rate, cap, hold, list = per_limit(), s.rate, s.cap, s.hold, s.list
+  for i = 1, s.n do
+    local l = list[i]
+    local lv, cp, daily = h[l], cap[l], DAILY[l]
+    lv = lv and tonumber(lv)
+    if lv == nil or (daily and new_day) then lv = cp -- new, or a new UTC day
+    elseif not daily then
+      local hd = hold[l]
+      local from = at > hd and at or hd
+      if now > from then lv = lv + (now - from) * rate[l] end
+    end
+    level[l] = lv < cp and lv or cp
+  end
+  -- (at most 16 fields: a table of more is made with room for 32)
+  return {name = name, key = k, c = c, now = now, day = day, new_day = new_day, level = level, rate = rate, cap = cap,
+    hold = hold, closedUntil = tonumber(h.closedUntil) or 0, why = h.why or '', h = h, extra = {}, shape = s}
 end
 
 -- The scope a pool's rounds count against: its configured one, else the one it learned from
@@ -168,7 +224,7 @@ end
 -- What a round reserves: its declared input and answer budget, else the scope's learned mean
 -- per call (none learned: no tokens, only its request).
 local function reservation(b, input, budget)
-  return {inp = input or b.meanIn or 0, out = budget or b.meanOut or 0, budget = budget}
+  return {inp = input or tonumber(b.h.meanIn) or 0, out = budget or tonumber(b.h.meanOut) or 0, budget = budget}
 end
 
 local function cost(l, res)
@@ -232,19 +288,30 @@ local function cover(b, res)
   return worst, worst and wait or nil
 end
 
+-- Write the levels (every bucket's), `at`, the day when it changed and the read model's fields
+-- (b.extra, ceiluse.lua) in one HSET. Its arguments' room is made at once (a table grown key by
+-- key is rebuilt at each power of two). The numbers go to Redis as numbers: the server writes
+-- them exactly ('%.17g' in Redis 7.0, the shortest exact text in 7.2+ and Valkey), faster than
+-- string.format here.
 local function save_levels(b)
-  local args = {'at', fmt(b.now)}
+  local args = {'at', b.now, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+    nil, nil, nil, nil, nil, nil}
+  local n = 2
   if b.new_day then -- the day is written when it changes (each write is a number formatted)
-    args[3], args[4] = 'day', fmt(b.day)
+    args[3], args[4], n = 'day', b.day, 4
     b.new_day = false
   end
-  for l, v in pairs(b.level) do
-    args[#args + 1] = l
-    args[#args + 1] = fmt(v)
+  local level = b.level
+  for i = 1, 6 do
+    local l = LIMITS[i]
+    local v = level[l]
+    if v then args[n + 1], args[n + 2], n = l, v, n + 2 end
   end
-  for _, v in ipairs(b.extra) do args[#args + 1] = v end -- the read model's (ceiluse.lua)
+  local extra = b.extra
+  for i = 1, #extra do args[n + i] = extra[i] end
+  n = n + #extra
   b.extra = {}
-  redis.call('HSET', key('ceil', b.name), unpack(args))
+  redis.call('HSET', b.key, unpack(args, 1, n))
 end
 
 -- Debit the round from every bucket at once (the caller checked them all with cover). A daily
@@ -252,16 +319,19 @@ end
 local function debit(b, res)
   local level, inp, out = b.level, res.inp, res.out
   local tokens = inp + out
-  for l, v in pairs(level) do -- cost(l, res), inlined
-    if REQUESTS[l] then level[l] = v - 1
-    elseif l == 'itpm' then level[l] = v - inp
-    elseif l == 'otpm' then level[l] = v - out
-    else level[l] = v - tokens end
+  for i = 1, 6 do -- cost(l, res), inlined
+    local l = LIMITS[i]
+    local v = level[l]
+    if v then
+      if REQUESTS[l] then level[l] = v - 1
+      elseif l == 'itpm' then level[l] = v - inp
+      elseif l == 'otpm' then level[l] = v - out
+      else level[l] = v - tokens end
+    end
   end
-  tally(b, 1, res.inp + res.out)
   save_levels(b)
-  if b.level.rpd and b.level.rpd + EPS < 1 then close_scope(b, 'rpd')
-  elseif b.level.tpd and b.level.tpd <= EPS then close_scope(b, 'tpd') end
+  if level.rpd and level.rpd + EPS < 1 then close_scope(b, 'rpd')
+  elseif level.tpd and level.tpd <= EPS then close_scope(b, 'tpd') end
 end
 
 -- The reservation kept on the seat, for its release. A count the round declared is kept as the
@@ -282,6 +352,11 @@ local function counted(c, u, budget)
   return inp, out
 end
 
+-- The read model's fields a scope's hash held before they had a hash of their own (ceiluse.lua):
+-- dropped at a round's end (not moved: the use and accuracy start again).
+local OLD_USE_F = {useMin = true, useReq = true, useTok = true, prevReq = true, prevTok = true, accN = true}
+for i = -40, 40 do OLD_USE_F['acc:' .. i] = true end
+
 -- A round's end: refund or charge the difference between what it reserved (seat s) and what the
 -- provider counted, and learn the mean per call. Called once per seat (its release). A bucket
 -- held by the provider's 429 gets no refund before its reset: the provider's word wins.
@@ -301,14 +376,28 @@ local function reconcile(cfg, s, u, now)
   end
   -- the mean is per call: a round of several calls (take.lua) teaches its average call
   local calls = math.max(1, tonumber(s.cCalls) or 1)
-  b.n = math.min(b.n + 1, 1000000)
-  local w = math.max(1 / b.n, MEAN_WEIGHT)
-  b.meanIn = b.meanIn and b.meanIn + w * (inp / calls - b.meanIn) or inp / calls
-  b.meanOut = b.meanOut and b.meanOut + w * (out / calls - b.meanOut) or out / calls
-  tally(b, 0, res.inp + res.out)
-  sample(b, inp + out, (tonumber(s.cIn) or 0) + (tonumber(s.cOut) or 0))
+  local n = math.min((tonumber(b.h.n) or 0) + 1, 1000000)
+  local w = math.max(1 / n, MEAN_WEIGHT)
+  local mean_in, mean_out = tonumber(b.h.meanIn), tonumber(b.h.meanOut)
+  mean_in = mean_in and mean_in + w * (inp / calls - mean_in) or inp / calls
+  mean_out = mean_out and mean_out + w * (out / calls - mean_out) or out / calls
+  b.h.meanIn, b.h.meanOut = mean_in, mean_out
+  b.h.n = n
+  local use = load_use(scope) -- the read model's: what the provider counted, and the accuracy
+  tally(use, now, calls, inp + out)
+  sample(use, inp + out, (tonumber(s.cIn) or 0) + (tonumber(s.cOut) or 0))
+  save_use(use)
+  if b.h.useMin or b.h.accN then -- once, for a hash written before ceiluse:<scope>
+    local old = {}
+    for f in pairs(b.h) do
+      if OLD_USE_F[f] then old[#old + 1] = f end
+    end
+    redis.call('HDEL', b.key, unpack(old))
+  end
   local extra = b.extra -- the mean goes in the levels' one write
-  for _, v in ipairs({'meanIn', fmt(b.meanIn), 'meanOut', fmt(b.meanOut), 'n', fmt(b.n)}) do extra[#extra + 1] = v end
+  local k = #extra
+  extra[k + 1], extra[k + 2], extra[k + 3], extra[k + 4], extra[k + 5], extra[k + 6] =
+    'meanIn', mean_in, 'meanOut', mean_out, 'n', n
   save_levels(b)
 end
 

@@ -113,10 +113,10 @@ local function learn(cfg, scope, r, now)
     if not read_at and not cfg.ceilings[scope] then redis.call('HSET', key('pool', scope), 'learnedScope', '1') end
   end
   if math.abs(now - r.at) >= FRESH_S then return end
-  local b = load_scope(cfg, scope, now, true)
+  local b = load_scope(cfg, scope, now)
   if not b then return end
   local h, extra = b.h, b.extra
-  local net_at = b.netAt
+  local net_at = tonumber(h.netAt)
   local dt = net_at and now - net_at
   local since = math.max(0, now - r.at) -- the reading's age (under FRESH_S)
   -- a new window, measuring nothing yet: none, or none fresh within NET_WINDOW (its drain lapsed too)
@@ -134,7 +134,7 @@ local function learn(cfg, scope, r, now)
         local low = (not restart and tonumber(h['low:' .. l]) or 0) + math.max(missed, 0)
         if close then
           local err = (low + math.min(missed, 0)) / dt
-          local d = math.max(0, math.min((tonumber(h['net:' .. l]) or 0) + NET_GAIN * err, (1 - MIN_NET) * b.gross[l]))
+          local d = math.max(0, math.min((tonumber(h['net:' .. l]) or 0) + NET_GAIN * err, (1 - MIN_NET) * b.shape.gross[l]))
           push(extra, 'net:' .. l, fmt(d))
           low = 0
         end
