@@ -56,3 +56,21 @@ def test_the_library_registers_one_function_per_command_with_a_versioned_name():
     assert code.startswith(f"#!lua name=admission_{version}")
     for name in COMMANDS:
         assert f"redis.register_function('adm_{name}_{version}'" in code
+
+
+def test_the_ceilings_defaults_match_the_lua_files():
+    # a scope's defaults live in the policy's schema, apply_config.lua (a policy stored without
+    # them) and ceilings.lua (a scope learned from the headers alone): one fact, three places
+    from admission.policy import SCHEMA
+    keys = SCHEMA["ceilings.<name>"]
+    want = {k: keys[k].default for k in ("burst_s", "jitter_s", "headroom")}
+    apply_text = (lua_dir() / "apply_config.lua").read_text()
+    stored = {k: float(v) for k, v in re.findall(r"c\.(burst_s|jitter_s|headroom) or ([0-9.]+)", apply_text)}
+    assert stored == want
+    ceil_text = (lua_dir() / "include" / "ceilings.lua").read_text()
+    learned = re.findall(r"local LEARNED_\w+ = \{headroom = ([0-9.]+), burst_s = ([0-9.]+), jitter_s = ([0-9.]+), "
+                         r"cache_reads_count = (\w+)", ceil_text)
+    assert len(learned) == 2
+    for headroom, burst, jitter, reads in learned:
+        assert {"headroom": float(headroom), "burst_s": float(burst), "jitter_s": float(jitter)} == want
+        assert (reads == "true") is keys["cache_reads_count"].default
