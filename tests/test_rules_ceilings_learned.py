@@ -115,7 +115,8 @@ def test_a_pool_without_configured_ceilings_learns_a_scope_of_its_own(redis_clie
     assert not redis_client.keys("adm:{t}:ceil:n@q")                           # nothing before a reading
     a.release(d.seat, now=T0, reading=reading(rpm=(60, 0), tpm=(100_000, 50_000)))
     state = scope_state(redis_client, Q)                                        # the scope is the pool's name
-    assert state["learned:rpm"] == "60" and float(state["rpm"]) == 0 and float(state["tpm"]) == 50_000
+    # lowered to what remains less the headroom's share of the provider's bucket (3 % of 100k)
+    assert state["learned:rpm"] == "60" and float(state["rpm"]) == 0 and float(state["tpm"]) == 47_000
     d = ask(T0, pool=Q)
     # the default headroom and jitter_s: one request, spaced 1 / 0.97 s and 0.05 s more
     assert d.reason == "ceiling-rpm" and d.wait_s == pytest.approx(1 / 0.97 + 0.05)
@@ -211,7 +212,7 @@ def test_a_round_carries_its_rate_reading_to_progress_and_release(redis_client):
         h.rate_reading = ratelimits.read(headers)
     state = scope_state(redis_client, Q)                                        # the exit's release carried the last
     assert state["learned:tpm"] == "100000" and state["learned:rpm"] == "600"
-    assert float(state["tpm"]) == 70_000 and float(state["rpm"]) == 0
+    assert float(state["tpm"]) == 67_000 and float(state["rpm"]) == 0  # less 3 % of the 100k bucket
 
 
 def test_the_asyncio_client_carries_a_reading_to_progress_and_release(async_client_factory):
@@ -230,8 +231,8 @@ def test_the_asyncio_client_carries_a_reading_to_progress_and_release(async_clie
         d = await a.try_admit(lane="a", model=Q, round_id="x1", now=T0, draw=0.0, alternatives=[])
         await a.progress([(d.seat, 5, reading(tpm=(80_000, None)))], now=T0)
         assert (await state())["learned:tpm"] == "80000"
-        r = await a.release(d.seat, now=T0, reading=reading(tpm=(80_000, 1000)))
-        assert r.status == Status.RELEASED and float((await state())["tpm"]) == 1000
+        r = await a.release(d.seat, now=T0, reading=reading(tpm=(80_000, 10_000)))
+        assert r.status == Status.RELEASED and float((await state())["tpm"]) == pytest.approx(10_000 - 0.03 * 80_000)
         async with a.round(lane="a", model=P, round_id="x2") as h:                # the server's clock
             h.rate_reading = ratelimits.read({"anthropic-ratelimit-output-tokens-limit": "8000",
                                               "anthropic-ratelimit-output-tokens-remaining": "5000"})

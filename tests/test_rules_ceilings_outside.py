@@ -102,3 +102,89 @@ def test_a_readings_age_is_no_outside_traffic(redis_client):
     # counted 1.5 s ago, when ours held 185,000: the provider agrees with us
     a.release(d.seat, now=T0 + 10, reading=reading(at=T0 + 8.5, tpm=(600_000, 185_000)))
     assert level(redis_client, "tpm") == 185_000 and float(scope_state(redis_client)["net:tpm"]) == 0
+
+
+def test_a_window_measures_the_change_of_ours_less_the_provider_s(redis_client):
+    """Ours 20,000 below the provider's at the window's start is no outside traffic at its end: the
+    window counts what changed, 50,000 taken from outside in 10 s (not the 30,000 lowered)."""
+    a = adm(redis_client, pol=ceil_policy({"tpm": 600_000}))
+    ask = Ask(a)
+    d = ask(T0, input_tokens=500_000, max_tokens=0)                   # ours 100,000
+    a.release(d.seat, now=T0, reading=reading(at=T0, tpm=(600_000, 120_000)))   # the provider's 120,000
+    d = ask(T0 + 10, input_tokens=0, max_tokens=0)                    # ours 200,000
+    a.release(d.seat, now=T0 + 10, reading=reading(at=T0 + 10, tpm=(600_000, 170_000)))
+    assert level(redis_client, "tpm") == 170_000
+    assert float(scope_state(redis_client)["net:tpm"]) == 0.5 * 50_000 / 10
+
+
+def test_the_outside_traffic_is_measured_against_the_provider_s_refill_not_ours(redis_client):
+    """At headroom 0.5 ours refills 5,000 a second, the provider's 10,000: a provider that keeps
+    pace with ours has lost 5,000 a second to another client."""
+    a = adm(redis_client, pol=ceil_policy({"tpm": 600_000, "headroom": 0.5}))
+    ask = Ask(a)
+    d = ask(T0, input_tokens=250_000, max_tokens=0)                   # ours 50,000 of 300,000
+    a.release(d.seat, now=T0, reading=reading(at=T0, tpm=(600_000, 50_000)))
+    d = ask(T0 + 10, input_tokens=0, max_tokens=0)
+    a.release(d.seat, now=T0 + 10, reading=reading(at=T0 + 10, tpm=(600_000, 100_000)))
+    assert float(scope_state(redis_client)["net:tpm"]) == 0.5 * 5_000
+
+
+def test_a_reading_of_a_full_provider_bucket_decays_the_drain(redis_client):
+    """The provider's bucket full: it lost refill, so no one took what the drain says; the
+    estimate halves and the window starts again."""
+    a, ask = drained(redis_client)
+    d = ask(T0 + 20, input_tokens=0, max_tokens=0)
+    a.release(d.seat, now=T0 + 20, reading=reading(at=T0 + 20, tpm=(600_000, 600_000)))
+    state = scope_state(redis_client)
+    assert float(state["net:tpm"]) == 2_500 / 2 and float(state["from:tpm"]) == T0 + 20
+
+
+def test_a_window_that_ends_with_ours_full_measures_nothing(redis_client):
+    """Ours full lost its refill at its capacity: the gap is not another client's use."""
+    a = adm(redis_client, pol=ceil_policy({"tpm": 600_000}))
+    ask = Ask(a)
+    d = ask(T0, input_tokens=500_000, max_tokens=0)
+    a.release(d.seat, now=T0, reading=reading(at=T0, tpm=(600_000, 100_000)))
+    d = ask(T0 + 55, input_tokens=0, max_tokens=0)                    # ours full at 600,000
+    a.release(d.seat, now=T0 + 55, reading=reading(at=T0 + 55, tpm=(600_000, 400_000)))
+    state = scope_state(redis_client)
+    assert "net:tpm" not in state and level(redis_client, "tpm") == 400_000 and float(state["from:tpm"]) == T0 + 55
+
+
+def test_an_output_counted_as_produced_learns_no_drain(redis_client):
+    """Anthropic's output is counted at the end: ours holds the reservations in flight, the
+    provider's does not, so the gap measures no one's use. The reading still lowers ours."""
+    a = adm(redis_client, pol=ceil_policy({"otpm": 600_000, "output_charge": "received"}))
+    ask = Ask(a)
+    d = ask(T0, input_tokens=0, max_tokens=500_000)
+    a.release(d.seat, now=T0, reading=reading(at=T0, otpm=(600_000, 100_000)))
+    d = ask(T0 + 10, input_tokens=0, max_tokens=0)
+    a.release(d.seat, now=T0 + 10, reading=reading(at=T0 + 10, otpm=(600_000, 150_000)))
+    state = scope_state(redis_client)
+    assert level(redis_client, "otpm") == 150_000 and "net:otpm" not in state and "from:otpm" not in state
+
+
+def test_a_window_holds_twenty_of_a_reading_s_units_of_refill(redis_client):
+    """Remainings rounded to the thousand on a 1,000-a-second bucket: the window lasts 20 s, not
+    5 (one rounding in 5 s of refill is a fifth of it)."""
+    a = adm(redis_client, pol=ceil_policy({"tpm": 60_000}))
+    ask = Ask(a)
+    d = ask(T0, input_tokens=50_000, max_tokens=0)                    # ours 10,000
+    a.release(d.seat, now=T0, reading=reading(at=T0, tpm=(60_000, 10_000, 1000)))   # lowered to 9,000
+    d = ask(T0 + 10, input_tokens=0, max_tokens=0)                    # ours 19,000
+    a.release(d.seat, now=T0 + 10, reading=reading(at=T0 + 10, tpm=(60_000, 15_000, 1000)))
+    assert "net:tpm" not in scope_state(redis_client) and level(redis_client, "tpm") == 14_000
+    d = ask(T0 + 20, input_tokens=0, max_tokens=0)                    # ours 24,000
+    a.release(d.seat, now=T0 + 20, reading=reading(at=T0 + 20, tpm=(60_000, 20_000, 1000)))
+    assert float(scope_state(redis_client)["net:tpm"]) == 0.5 * 10_000 / 20   # 500 a second taken
+
+
+def test_a_configured_limit_below_the_provider_s_leaves_the_outside_traffic_its_room(redis_client):
+    """tpm 300,000 configured on a key of 600,000: of 8,000 a second taken from outside, the
+    provider's 5,000 a second above ours absorb 5,000; ours refills 3,000 less."""
+    a = adm(redis_client, pol=ceil_policy({"tpm": 300_000}))
+    ask = Ask(a)
+    ask(T0, input_tokens=0, max_tokens=0)
+    redis_client.hset("adm:{t}:ceil:key", mapping={"learned:tpm": 600_000, "net:tpm": 8_000, "netAt": T0})
+    row = census_row(a, T0 + 1)
+    assert row["outsidePerSecond"] == 3_000 and row["refillPerSecond"] == 5_000 - 3_000

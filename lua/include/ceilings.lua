@@ -17,11 +17,12 @@
 --                       smaller (not learned:<limit>: no limit of its own in the read model)
 --     readAt            the time of the newest reading learned from (an older one, replayed
 --                       from an outbox, learns no limit)
---     net:<limit> netAt low:<limit>
+--     net:<limit> netAt from:<limit> low:<limit>
 --                       the traffic on the same key from outside the mesh, learned from the fresh
---                       readings (readings.lua): per second, per per-minute limit, as of the
---                       window that began at netAt; a bucket refills at its rate less that
---                       (at least MIN_NET of it) while netAt is within NET_WINDOW
+--                       readings (readings.lua): per second, per per-minute limit, measured over
+--                       windows (from: the current one's start; low: its sum so far); a bucket
+--                       refills at its rate less that (at least MIN_NET of it) while the newest
+--                       fresh reading (netAt) is within NET_WINDOW
 --     meanIn meanOut n  the learned tokens per call (what the provider counted, input as its
 --                       itpm counts it, output as output_charge counts it): an undeclared
 --                       round reserves them; none learned yet, it reserves no tokens
@@ -131,7 +132,9 @@ local function shape(c, h, net_on)
       s.gross[l] = r
       if net_on and not daily then -- the outside traffic takes its share of the refill
         local net = h[NET_F[l]]
-        local drain = net and math.min(tonumber(net) or 0, (1 - MIN_NET) * r) or 0
+        -- (less the room a configured limit below the provider's leaves it)
+        local slack = learned and learned > value and (learned - value) * headroom / 60 or 0
+        local drain = net and math.min((tonumber(net) or 0) - slack, (1 - MIN_NET) * r) or 0
         if drain > 0 then
           r = r - drain
           s.drain[l] = drain
@@ -419,6 +422,8 @@ end
 return {
   LIMITS = LIMITS,
   DAILY = DAILY,
+  REQUESTS = REQUESTS,
+  EPS = EPS,
   MIN_NET = MIN_NET,
   NET_WINDOW = NET_WINDOW,
   REASON = REASON,

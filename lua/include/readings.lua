@@ -9,18 +9,16 @@
 --                    until its reset, over the rate; the least any reading has shown (the
 --                    request bucket's burst_s when smaller, ceilings.lua)
 -- A fresh reading (|now - at| < FRESH_S on the server's clock) also lowers each bucket to what
--- the provider says remains, minus its rounding; never raises it. The provider counted its
+-- the provider says remains, minus its rounding and the headroom's share of its bucket (so a full
+-- one of the provider's is a full one of ours); never raises it. The provider counted its
 -- `remaining` at `at`; the rounds this mesh admitted since are debited from our level but not
 -- from that count, and the refill since `at` is not credited either: within FRESH_S the two
 -- offset each other up to the refill rate, and the next reading corrects the rest.
 -- The traffic from outside the mesh (another client on the same key) drains the provider's
--- bucket between readings while ours refills at its whole rate; each fresh reading lowers ours
--- by that gap. Over a window of at least NET_MIN_DT (netAt: its start) the gaps lowered
--- (low:<limit>; each less what our bucket refilled since the provider counted, the reading's
--- age), less a shortfall of ours at its end, over the window's length are what the
--- drain estimate (net:<limit>, per second) missed: it moves by NET_GAIN of that, within [0,
--- (1 - MIN_NET) x rate], and the bucket refills at its rate less the drain (ceilings.lua), so
--- the next admits already leave the outside traffic its share instead of meeting its 429s.
+-- bucket between readings while ours refills at its whole rate: `window` measures its rate per
+-- limit over a window of fresh readings, and the bucket refills at its rate less that drain
+-- (net:<limit>, ceilings.lua), so the next admits already leave the outside traffic its share
+-- instead of meeting its 429s. netAt: the newest fresh reading (a drain lapses NET_WINDOW after).
 -- A reading's retry-after (ra) and spent ceiling (sp) are checked but not used here: the
 -- release's ARGV[9] and its `ceiling` outcome carry them.
 --- @include "codes"
@@ -29,11 +27,13 @@
 local ERR = Codes.ERR
 local fail, fmt, key = Util.fail, Util.fmt, Util.key
 local LIMITS, load_scope, save_levels = Ceilings.LIMITS, Ceilings.load_scope, Ceilings.save_levels
-local DAILY, MIN_NET, NET_WINDOW = Ceilings.DAILY, Ceilings.MIN_NET, Ceilings.NET_WINDOW
+local DAILY, REQUESTS, EPS = Ceilings.DAILY, Ceilings.REQUESTS, Ceilings.EPS
+local MIN_NET, NET_WINDOW = Ceilings.MIN_NET, Ceilings.NET_WINDOW
 
 local FRESH_S = 2
 local NET_MIN_DT = 5 -- a drain is measured over at least this many seconds (one gap is noise)
 local NET_GAIN = 0.5 -- the share of a window's error the drain estimate takes
+local NET_UNITS = 20 -- a window holds at least this many of a reading's units of refill
 local MAX_TEXT = 1000
 local MAX_LIMIT = 1e12
 local MAX_RESET = 2 * 86400
@@ -87,6 +87,41 @@ local function push(args, field, value)
   args[#args + 1] = value
 end
 
+-- One limit's outside traffic, measured over a window of fresh readings (from:<limit> its start;
+-- low:<limit> the levels lowered in it less ours above the provider's at its start). Over the
+-- window ours changed by its refill (rate dt) less our debits, the provider's by its refill
+-- (rate_p dt) less our debits and the outside's use; so the outside's use is (rate_p - rate) dt
+-- plus what was lowered plus the change of (ours - the provider's). A constant offset of the two
+-- (the rounding, the headroom's share) cancels out. A window that ends full (the provider's
+-- bucket: it lost refill, our estimate may be too high, so it decays; or ours) measures nothing.
+local function window(b, l, x, lv, since, keep, burst, lapsed)
+  local h, extra, now = b.h, b.extra, b.now
+  local limit = x.limit and x.limit > 0 and x.limit or tonumber(h['learned:' .. l]) or b.c[l]
+  local rate_p = limit / 60
+  local cap_p = REQUESTS[l] and burst * rate_p or limit
+  local err = lv - (x.remaining + rate_p * since) -- ours less the provider's, before the lowering
+  local low = tonumber(h['low:' .. l])
+  local from = tonumber(h['from:' .. l])
+  local net = tonumber(h['net:' .. l]) or 0
+  -- the shortest window: 5 s, or long enough that the reading's unit is a twentieth of its refill
+  local min_dt = math.min(NET_WINDOW / 2, math.max(NET_MIN_DT, NET_UNITS * math.max(1, x.rounding) / rate_p))
+  local d
+  if x.remaining + math.max(1, x.rounding) > cap_p then -- the provider's bucket is full
+    if net > 0 then d = net * (1 - NET_GAIN) end
+  elseif lv >= b.cap[l] - EPS or lapsed or not low or not from or now < from then
+    d = nil -- ours full (its refill lost), or no window open: one starts here
+  elseif now - from < min_dt then -- inside the window: what is lowered is added
+    if lv > b.level[l] then push(extra, 'low:' .. l, low + lv - b.level[l]) end
+    return
+  else
+    local outside = rate_p - b.rate[l] + (low + err) / (now - from)
+    d = math.max(0, math.min(net + NET_GAIN * (outside - net), (1 - MIN_NET) * rate_p))
+  end
+  if d then push(extra, 'net:' .. l, d) end
+  push(extra, 'from:' .. l, now)
+  push(extra, 'low:' .. l, lv - b.level[l] - err) -- minus (ours less the provider's) after the lowering
+end
+
 -- Learn the reading `r` into `scope` (a pool's configured scope, else the pool's own: created
 -- here): the provider's limits (a limit of 0 says nothing), then, fresh, the remainings.
 local function learn(cfg, scope, r, now)
@@ -115,35 +150,29 @@ local function learn(cfg, scope, r, now)
   if math.abs(now - r.at) >= FRESH_S then return end
   local b = load_scope(cfg, scope, now)
   if not b then return end
-  local h, extra = b.h, b.extra
-  local net_at = tonumber(h.netAt)
-  local dt = net_at and now - net_at
+  local h, extra, level, cap, c = b.h, b.extra, b.level, b.cap, b.c
   local since = math.max(0, now - r.at) -- the reading's age (under FRESH_S)
-  -- a new window, measuring nothing yet: none, or none fresh within NET_WINDOW (its drain lapsed too)
-  local restart = not dt or dt < 0 or dt > NET_WINDOW
-  local close = not restart and dt >= NET_MIN_DT      -- the window ends here: the drain moves
-  local lowered = false
+  local keep = (1 - c.headroom) / c.headroom -- the headroom's share of the provider's bucket
+  local net_at = tonumber(h.netAt)
+  local lapsed = not net_at or now - net_at > NET_WINDOW or now < net_at
+  local burst = tonumber(h.learnedBurst) or c.burst_s
+  local received = c.output_charge == 'received'
   for l, x in pairs(r.limits) do
-    if x.remaining and b.level[l] then
-      local left = math.max(0, x.remaining - x.rounding)
-      local gap = b.level[l] - left
-      if gap > 0 then b.level[l], lowered = left, true end
-      if not DAILY[l] then
-        -- what our bucket refilled since the provider counted is no outside traffic
-        local missed = gap - b.rate[l] * since
-        local low = (not restart and tonumber(h['low:' .. l]) or 0) + math.max(missed, 0)
-        if close then
-          local err = (low + math.min(missed, 0)) / dt
-          local d = math.max(0, math.min((tonumber(h['net:' .. l]) or 0) + NET_GAIN * err, (1 - MIN_NET) * b.shape.gross[l]))
-          push(extra, 'net:' .. l, fmt(d))
-          low = 0
-        end
-        if restart or close or missed > 0 then push(extra, 'low:' .. l, fmt(restart and 0 or low)) end
+    local lv = level[l]
+    if x.remaining and lv then
+      -- ours no higher than what the provider says remains (less its rounding), less the
+      -- headroom's share of its bucket: a full provider's bucket is a full one of ours
+      local left = math.max(0, x.remaining - x.rounding - keep * cap[l])
+      if lv > left then level[l] = left end
+      -- a drain is measured on a bucket the provider counts on arrival (an output counted as
+      -- produced is in flight in ours and not in the provider's: no measure of anyone's use)
+      if not DAILY[l] and (REQUESTS[l] or l == 'itpm' or not received) then
+        window(b, l, x, lv, since, keep, burst, lapsed)
       end
     end
   end
-  if restart or close then push(extra, 'netAt', fmt(now)) end
-  if lowered or #extra > 0 then save_levels(b) end
+  push(extra, 'netAt', now)
+  save_levels(b)
 end
 
 return {
