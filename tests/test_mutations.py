@@ -809,7 +809,7 @@ MUTATIONS += [
     ("outside: an output counted as produced learns no drain", "include/readings.lua",
      "(REQUESTS[l] or l == 'itpm' or not received)", "true", "test_rules_ceilings_outside.py", "produced"),
     ("outside: a window holds twenty units of refill", "include/readings.lua",
-     "math.max(NET_MIN_DT, NET_UNITS * math.max(1, x.rounding) / rate_p)", "NET_MIN_DT",
+     "math.max(NET_MIN_DT, NET_UNITS * unit / rate_p)", "NET_MIN_DT",
      "test_rules_ceilings_outside.py", "twenty"),
     ("outside: a configured limit below the provider's leaves the outside its room", "include/ceilings.lua",
      "(tonumber(net) or 0) - slack", "(tonumber(net) or 0)", "test_rules_ceilings_outside.py", "its_room"),

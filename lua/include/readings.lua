@@ -94,7 +94,7 @@ end
 -- plus what was lowered plus the change of (ours - the provider's). A constant offset of the two
 -- (the rounding, the headroom's share) cancels out. A window that ends full (the provider's
 -- bucket: it lost refill, our estimate may be too high, so it decays; or ours) measures nothing.
-local function window(b, l, x, lv, since, keep, burst, lapsed)
+local function window(b, l, x, lv, since, burst, lapsed)
   local h, extra, now = b.h, b.extra, b.now
   local limit = x.limit and x.limit > 0 and x.limit or tonumber(h['learned:' .. l]) or b.c[l]
   local rate_p = limit / 60
@@ -103,10 +103,11 @@ local function window(b, l, x, lv, since, keep, burst, lapsed)
   local low = tonumber(h['low:' .. l])
   local from = tonumber(h['from:' .. l])
   local net = tonumber(h['net:' .. l]) or 0
+  local unit = math.max(1, x.rounding) -- a reading's unit: a whole count, or its rounding
   -- the shortest window: 5 s, or long enough that the reading's unit is a twentieth of its refill
-  local min_dt = math.min(NET_WINDOW / 2, math.max(NET_MIN_DT, NET_UNITS * math.max(1, x.rounding) / rate_p))
+  local min_dt = math.min(NET_WINDOW / 2, math.max(NET_MIN_DT, NET_UNITS * unit / rate_p))
   local d
-  if x.remaining + math.max(1, x.rounding) > cap_p then -- the provider's bucket is full
+  if x.remaining + unit > cap_p then -- the provider's bucket is full
     if net > 0 then d = net * (1 - NET_GAIN) end
   elseif lv >= b.cap[l] - EPS or lapsed or not low or not from or now < from then
     d = nil -- ours full (its refill lost), or no window open: one starts here
@@ -167,7 +168,7 @@ local function learn(cfg, scope, r, now)
       -- a drain is measured on a bucket the provider counts on arrival (an output counted as
       -- produced is in flight in ours and not in the provider's: no measure of anyone's use)
       if not DAILY[l] and (REQUESTS[l] or l == 'itpm' or not received) then
-        window(b, l, x, lv, since, keep, burst, lapsed)
+        window(b, l, x, lv, since, burst, lapsed)
       end
     end
   end
